@@ -1,0 +1,1 @@
+"""interp_bayes: mechanistic interpretability of Bayesian inference in transformers."""
