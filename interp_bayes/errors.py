@@ -1,0 +1,21 @@
+"""Exceptions with one-sentence messages that name the problem and the fix."""
+
+
+class InterpBayesError(Exception):
+    """Base class: every error the toolkit raises on bad input derives from it."""
+
+
+class ModelNotFoundError(InterpBayesError, ValueError):
+    """An alias, path or Hub id that cannot be resolved to a checkpoint."""
+
+
+class ModelLoadError(InterpBayesError, RuntimeError):
+    """A checkpoint that exists but cannot be loaded as a causal LM here (wrong kind, too big)."""
+
+
+class PromptError(InterpBayesError, ValueError):
+    """A prompt set the model cannot take as given (empty, too long)."""
+
+
+class NonFiniteActivationError(InterpBayesError, FloatingPointError):
+    """NaN or inf in a captured activation; the message names the layer."""

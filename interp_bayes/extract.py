@@ -1,0 +1,263 @@
+"""Batched forward passes that keep only what the analyses need: final-token readings and predictive entropy.
+
+Prompts are grouped into buckets of equal token length, so no prompt is ever padded and a prompt's numbers do
+not depend on which other prompts share its batch (tests compare single and batched runs). Only the requested
+hook points are hooked, and each hook keeps the final position only, detached to CPU float32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from .errors import NonFiniteActivationError, PromptError
+from .models import model_info
+
+LN2 = math.log(2.0)
+# reading -> TransformerLens hook name; shapes at the final position after flattening the head axes
+HOOKS = {
+    "v": "blocks.{layer}.attn.hook_v",  # [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
+    "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, n_heads, d_head]    -> n_heads * d_head
+    "resid": "blocks.{layer}.hook_resid_post",  # [batch, pos, d_model]
+}
+TOKENS_PER_BATCH = 2048  # automatic batch size: about this many tokens per forward pass
+
+
+@dataclass
+class Activations:
+    """Final-token readings of a prompt set at some layers, with the model's predictive entropy.
+
+    ``readings[name][layer]`` is ``[n_prompts, dim]`` float32 (layers stored non-negative; look them up with
+    ``values(-1)`` style negative indices). ``entropy`` is in bits, over the full vocabulary or renormalised over
+    ``meta['label_tokens']``; ``label_logprobs`` ([n_prompts, n_labels], natural log, renormalised) is set when
+    label tokens were given.
+    """
+
+    readings: dict[str, dict[int, torch.Tensor]]
+    entropy: torch.Tensor  # [n_prompts] bits
+    token_ids: list[list[int]]
+    meta: dict
+    label_logprobs: torch.Tensor | None = None
+    next_token: torch.Tensor | None = field(default=None)  # [n_prompts] argmax over the full vocabulary
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.meta["layers"])
+
+    def layer_index(self, layer: int) -> int:
+        """A non-negative layer index; negative ones count from the model's last layer."""
+        idx = layer + self.meta["n_layers"] if layer < 0 else layer
+        if idx not in self.meta["layers"]:
+            raise KeyError(f"Layer {layer} was not collected; collected layers: {self.meta['layers']}.")
+        return idx
+
+    def reading(self, name: str, layer: int = -1) -> torch.Tensor:
+        if name not in self.readings:
+            raise KeyError(f"Reading '{name}' was not collected; collected: {sorted(self.readings)}.")
+        return self.readings[name][self.layer_index(layer)]
+
+    def values(self, layer: int = -1) -> torch.Tensor:
+        """Final-token value vectors, concatenated over key/value heads: [n_prompts, n_kv_heads * d_head]."""
+        return self.reading("v", layer)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/activations.safetensors`` and ``path/activations.json`` (atomically)."""
+        import safetensors.torch
+
+        from .store import atomic_write_bytes, atomic_write_text
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {f"{name}.{layer}": t.contiguous() for name, by_layer in self.readings.items() for layer, t in by_layer.items()}
+        tensors["entropy"] = self.entropy
+        flat = [t for ids in self.token_ids for t in ids]
+        tensors["token_ids"] = torch.tensor(flat, dtype=torch.int64)
+        tensors["token_lengths"] = torch.tensor([len(ids) for ids in self.token_ids], dtype=torch.int64)
+        if self.label_logprobs is not None:
+            tensors["label_logprobs"] = self.label_logprobs
+        if self.next_token is not None:
+            tensors["next_token"] = self.next_token
+        atomic_write_bytes(path / "activations.safetensors", safetensors.torch.save(tensors))
+        atomic_write_text(path / "activations.json", json.dumps(self.meta, indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Activations":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        tensors = load_file(path / "activations.safetensors")
+        meta = json.loads((path / "activations.json").read_text())
+        lengths = tensors.pop("token_lengths").tolist()
+        flat = tensors.pop("token_ids").tolist()
+        offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+        token_ids = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+        entropy = tensors.pop("entropy")
+        label_logprobs = tensors.pop("label_logprobs", None)
+        next_token = tensors.pop("next_token", None)
+        readings: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
+        for key, t in tensors.items():
+            name, layer = key.rsplit(".", 1)
+            readings[name][int(layer)] = t
+        return cls(dict(readings), entropy, token_ids, meta, label_logprobs, next_token)
+
+
+def entropy_bits(logits: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in bits of softmax(logits) over the last axis, computed from float32 log_softmax."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1) / LN2
+
+
+def tokenize(model, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,
+             prepend_bos: bool | None = None) -> list[list[int]]:
+    """Token ids per prompt. Text uses the tokenizer's own special-token policy unless ``prepend_bos`` forces it."""
+    if isinstance(prompts, torch.Tensor):
+        return [row.tolist() for row in prompts]
+    if len(prompts) == 0:
+        raise PromptError("The prompt list is empty; pass at least one prompt.")
+    if not isinstance(prompts[0], str):
+        return [list(map(int, p)) for p in prompts]
+    tok = model.tokenizer
+    out = []
+    for text in prompts:
+        ids = tok(text, add_special_tokens=True)["input_ids"]
+        bos = tok.bos_token_id
+        if prepend_bos is True and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        elif prepend_bos is False and bos is not None and ids and ids[0] == bos:
+            ids = ids[1:]
+        out.append(ids)
+    return out
+
+
+def _check_prompts(token_ids: list[list[int]], prompts, n_ctx: int) -> None:
+    if not token_ids:
+        raise PromptError("The prompt list is empty; pass at least one prompt.")
+    for i, ids in enumerate(token_ids):
+        if not ids:
+            raise PromptError(f"Prompt {i} tokenises to nothing; remove it or give it text.")
+        if len(ids) > n_ctx:
+            shown = prompts[i][:60] + "..." if isinstance(prompts[i], str) else f"#{i}"
+            raise PromptError(f"Prompt {i} ({shown!r}) has {len(ids)} tokens, more than the model's context of "
+                              f"{n_ctx}; shorten or drop it.")
+
+
+def length_batches(token_ids: list[list[int]], batch_size: int | None) -> Iterable[list[int]]:
+    """Indices grouped by equal token length (no padding), each group cut into batches, longest first."""
+    buckets: dict[int, list[int]] = defaultdict(list)
+    for i, ids in enumerate(token_ids):
+        buckets[len(ids)].append(i)
+    for length in sorted(buckets, reverse=True):
+        size = batch_size or max(1, TOKENS_PER_BATCH // length)
+        idx = buckets[length]
+        for s in range(0, len(idx), size):
+            yield idx[s:s + size]
+
+
+def _normalise_layers(layers: Sequence[int], n_layers: int) -> list[int]:
+    out = []
+    for layer in layers:
+        idx = layer + n_layers if layer < 0 else layer
+        if not 0 <= idx < n_layers:
+            raise ValueError(f"Layer {layer} is out of range for a model with {n_layers} layers.")
+        out.append(idx)
+    return sorted(set(out))
+
+
+def prompt_digest(token_ids: list[list[int]]) -> str:
+    """A short content hash of a tokenised prompt set: provenance for axes and cached stages."""
+    return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
+
+
+@torch.no_grad()
+def collect(
+    model,
+    prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,
+    *,
+    layers: Sequence[int] = (-1,),
+    readings: Sequence[str] = ("v",),
+    label_tokens: Sequence[int] | None = None,
+    batch_size: int | None = None,
+    prepend_bos: bool | None = None,
+    progress: bool = True,
+) -> Activations:
+    """Run ``prompts`` through ``model`` and keep final-token readings and the next-token entropy.
+
+    readings: any of ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
+    concatenated) and ``"resid"`` (residual stream after the block). ``label_tokens`` renormalises the next-token
+    distribution over those ids (e.g. the two labels of an in-context task) for the entropy.
+    """
+    from tqdm.auto import tqdm
+
+    unknown = set(readings) - set(HOOKS)
+    if unknown:
+        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(HOOKS)}.")
+    cfg = model.cfg
+    n_layers = cfg.n_layers
+    layer_idx = _normalise_layers(layers, n_layers)
+    token_ids = tokenize(model, prompts, prepend_bos)
+    _check_prompts(token_ids, prompts, cfg.n_ctx)
+    device = next(model.parameters()).device
+    labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
+
+    n = len(token_ids)
+    out: dict[str, dict[int, torch.Tensor]] = {name: {} for name in readings}
+    entropy = torch.empty(n)
+    next_token = torch.empty(n, dtype=torch.int64)
+    label_logprobs = torch.empty(n, len(labels)) if labels is not None else None
+    current: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep_last(name: str, layer: int):
+        def hook(act: torch.Tensor, hook) -> None:  # returns None: observes, never edits
+            current[(name, layer)] = act[:, -1].reshape(act.shape[0], -1).detach().to("cpu", torch.float32)
+        return hook
+
+    fwd_hooks = [(HOOKS[name].format(layer=layer), keep_last(name, layer)) for name in readings for layer in layer_idx]
+    batches = list(length_batches(token_ids, batch_size))
+    bar = tqdm(total=n, desc="collect", unit="prompt", disable=not progress)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        for idx in batches:
+            ids = torch.tensor([token_ids[i] for i in idx], device=device)
+            logits = model(ids, logits_to_keep=1)[:, -1]  # [batch, vocab]; only the final position is needed
+            for (name, layer), t in current.items():
+                if not torch.isfinite(t).all():
+                    raise NonFiniteActivationError(
+                        f"Non-finite values in reading '{name}' at layer {layer} (prompts {idx[:5]}...); "
+                        "check the dtype (try float32) or the weights of that layer.")
+                out[name].setdefault(layer, torch.empty(n, t.shape[1]))[idx] = t
+            current.clear()
+            index = torch.tensor(idx)
+            next_token[index] = logits.argmax(-1).cpu()
+            if labels is not None:
+                lp = torch.log_softmax(logits.float()[:, labels], dim=-1)
+                label_logprobs[index] = lp.cpu()
+                entropy[index] = (-(lp.exp() * lp).sum(-1) / LN2).cpu()
+            else:
+                entropy[index] = entropy_bits(logits).cpu()
+            bar.update(len(idx))
+    bar.close()
+    if not torch.isfinite(entropy).all():
+        raise NonFiniteActivationError("Non-finite next-token entropy (the final layer's logits); check the dtype "
+                                       "(try float32) or the model weights.")
+
+    info = model_info(model)
+    bos = getattr(model.tokenizer, "bos_token_id", None) if getattr(model, "tokenizer", None) is not None else None
+    meta = dict(
+        model=info.to_dict(), layers=layer_idx, n_layers=n_layers, readings=list(readings),
+        n_heads=cfg.n_heads, n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, d_head=cfg.d_head,
+        bos_token_id=bos, bos_prepended=[bool(ids) and ids[0] == bos for ids in token_ids] if bos is not None else None,
+        prepend_bos=prepend_bos, label_tokens=list(map(int, label_tokens)) if label_tokens is not None else None,
+        entropy_over="labels" if labels is not None else "vocabulary", entropy_unit="bits",
+        prompt_digest=prompt_digest(token_ids), n_prompts=n,
+    )
+    return Activations(out, entropy, token_ids, meta, label_logprobs, next_token)

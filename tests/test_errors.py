@@ -1,0 +1,87 @@
+"""Every bad input gets one sentence naming the problem and the fix."""
+
+import inspect
+from collections import namedtuple
+
+import pytest
+import torch
+
+from interp_bayes import models
+from interp_bayes.errors import ModelLoadError, ModelNotFoundError, NonFiniteActivationError, PromptError
+from interp_bayes.extract import collect
+from interp_bayes.models import load_model
+
+
+def test_unknown_alias_lists_known_ones():
+    with pytest.raises(ModelNotFoundError, match=r"Unknown model alias 'pythia-9000'.*smollm2-135m.*pythia-410m"):
+        load_model("pythia-9000")
+
+
+def test_missing_local_path(tmp_path):
+    with pytest.raises(ModelNotFoundError, match=r"No model folder at '.*nowhere'"):
+        load_model(tmp_path / "nowhere")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no readable config.json"):
+        load_model(tmp_path)
+
+
+def test_not_a_causal_lm(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match=r"not a causal language model.*BertForMaskedLM.*ForCausalLM"):
+        load_model(tmp_path)
+
+
+def test_hub_id_without_network_fails_fast_with_the_fix():
+    import time
+
+    t = time.perf_counter()
+    with pytest.raises(ModelNotFoundError, match=r"Cannot fetch 'EleutherAI/pythia-410m'.*pass that folder"):
+        load_model("pythia-410m")
+    assert time.perf_counter() - t < 10
+
+
+def test_memory_preflight_refuses(tiny_dirs, monkeypatch):
+    Mem = namedtuple("Mem", "available")
+    monkeypatch.setattr(models.psutil, "virtual_memory", lambda: Mem(10 * 2**20))
+    with pytest.raises(ModelLoadError, match=r"needs about .* GiB of RAM .* only 0.0 GiB is free; pass dtype"):
+        load_model(tiny_dirs["llama3"])
+
+
+def test_dtype_policy_and_trust_remote_code_off():
+    assert models.default_dtype(410_000_000) == torch.float32
+    assert models.default_dtype(7_000_000_000) == torch.bfloat16
+    assert inspect.signature(load_model).parameters["trust_remote_code"].default is False
+
+
+def test_empty_prompt_list(tiny_dirs):
+    bridge = load_model(tiny_dirs["llama3"])
+    with pytest.raises(PromptError, match="prompt list is empty"):
+        collect(bridge, [], progress=False)
+
+
+def test_prompt_longer_than_context(tiny_dirs):
+    bridge = load_model(tiny_dirs["pythia"])
+    long_text = "the cat sat on the mat " * 60
+    with pytest.raises(PromptError, match=r"Prompt 1 \('the cat sat.*'\) has \d+ tokens, more than the model's context of 128"):
+        collect(bridge, ["hello", long_text], progress=False)
+
+
+def test_non_finite_activations_name_the_layer(tiny_dirs):
+    bridge = load_model(tiny_dirs["mistral"])
+    with torch.no_grad():
+        bridge.original_model.model.layers[1].self_attn.v_proj.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteActivationError, match="reading 'v' at layer 1"):
+        collect(bridge, ["the cat sat"], layers=(0, 1), progress=False)
+
+
+def test_unknown_layer_and_reading(tiny_dirs):
+    bridge = load_model(tiny_dirs["phi2"])
+    with pytest.raises(ValueError, match="Layer 7 is out of range for a model with 2 layers"):
+        collect(bridge, ["hi"], layers=(7,), progress=False)
+    with pytest.raises(ValueError, match="Unknown reading"):
+        collect(bridge, ["hi"], readings=("q",), progress=False)

@@ -1,0 +1,85 @@
+"""ib.collect against run_with_cache and HF logits; batching invariance; save/load."""
+
+import math
+
+import torch
+
+from conftest import load_hf
+from interp_bayes.extract import Activations, collect, entropy_bits, length_batches
+
+PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning with induction heads",
+           "the cat sat", "hello world", "a b c d e f g", "def f(x): return x + 1", "the mat"]
+
+
+def test_collect_matches_run_with_cache_and_hf_entropy(tiny):
+    bridge, hf, _ = tiny
+    acts = collect(bridge, PROMPTS, layers=(0, -1), readings=("v", "z", "resid"), progress=False)
+    last = bridge.cfg.n_layers - 1
+    assert acts.layers == [0, last]
+    n_kv = bridge.cfg.n_key_value_heads or bridge.cfg.n_heads
+    assert acts.values(-1).shape == (len(PROMPTS), n_kv * bridge.cfg.d_head)
+    assert acts.reading("z", 0).shape == (len(PROMPTS), bridge.cfg.n_heads * bridge.cfg.d_head)
+    assert acts.reading("resid", -1).shape == (len(PROMPTS), bridge.cfg.d_model)
+    for i in (0, 3, 7):
+        ids = torch.tensor([acts.token_ids[i]])
+        _, cache = bridge.run_with_cache(ids)
+        for name, hook in (("v", "attn.hook_v"), ("z", "attn.hook_z"), ("resid", "hook_resid_post")):
+            for layer in (0, last):
+                ref = cache[f"blocks.{layer}.{hook}"][0, -1].reshape(-1)
+                torch.testing.assert_close(acts.reading(name, layer)[i], ref, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            logits = hf(ids).logits[0, -1]
+        p = torch.softmax(logits.double(), -1)
+        expected = -(p * p.log()).sum() / math.log(2)
+        assert abs(acts.entropy[i].item() - expected.item()) < 1e-4
+        assert acts.next_token[i] == logits.argmax()
+
+
+def test_batched_equals_single(tiny):
+    bridge, _, _ = tiny
+    batched = collect(bridge, PROMPTS, layers=(-1,), readings=("v", "resid"), progress=False)
+    for i, text in enumerate(PROMPTS):
+        single = collect(bridge, [text], progress=False, readings=("v", "resid"))
+        torch.testing.assert_close(batched.values()[i], single.values()[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched.reading("resid")[i], single.reading("resid")[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched.entropy[i], single.entropy[0], rtol=1e-5, atol=1e-6)
+    assert sorted(batched.token_ids, key=len) != batched.token_ids  # order kept, not bucket order
+
+
+def test_length_batches_never_mix_lengths():
+    ids = [[1] * n for n in (3, 5, 3, 5, 5, 2, 3)]
+    batches = list(length_batches(ids, batch_size=2))
+    assert sorted(i for b in batches for i in b) == list(range(len(ids)))
+    for b in batches:
+        assert len({len(ids[i]) for i in b}) == 1 and len(b) <= 2
+
+
+def test_label_entropy_is_renormalised_over_labels(tiny):
+    bridge, hf, _ = tiny
+    labels = [5, 9]
+    acts = collect(bridge, PROMPTS[:3], label_tokens=labels, progress=False)
+    for i in range(3):
+        with torch.no_grad():
+            logits = hf(torch.tensor([acts.token_ids[i]])).logits[0, -1, labels].double()
+        p = torch.softmax(logits, -1)
+        assert abs(acts.entropy[i].item() - (-(p * p.log2()).sum()).item()) < 1e-5
+        torch.testing.assert_close(acts.label_logprobs[i].double().exp(), p, rtol=1e-5, atol=1e-6)
+    assert acts.meta["entropy_over"] == "labels" and acts.meta["label_tokens"] == labels
+
+
+def test_token_id_prompts_and_save_load_round_trip(tiny, tmp_path):
+    bridge, _, _ = tiny
+    acts = collect(bridge, [[5, 6, 7], [8, 9, 10, 11]], layers=(0, 1), readings=("v", "z"), label_tokens=[3, 4],
+                   progress=False)
+    back = Activations.load(acts.save(tmp_path / "acts"))
+    assert back.token_ids == [[5, 6, 7], [8, 9, 10, 11]]
+    assert back.meta == acts.meta
+    for name in ("v", "z"):
+        for layer in (0, 1):
+            assert torch.equal(back.reading(name, layer), acts.reading(name, layer))
+    assert torch.equal(back.entropy, acts.entropy) and torch.equal(back.label_logprobs, acts.label_logprobs)
+    assert torch.equal(back.next_token, acts.next_token)
+
+
+def test_entropy_bits_of_uniform():
+    assert abs(entropy_bits(torch.zeros(1024)).item() - 10.0) < 1e-5

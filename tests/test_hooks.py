@@ -1,0 +1,108 @@
+"""The hooked interface against independent references: HF's own KV cache, HF logits and weight edits."""
+
+import pytest
+import torch
+
+from conftest import load_hf
+
+PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning with induction heads"]
+
+
+def ids_of(bridge, text):
+    return torch.tensor([bridge.tokenizer(text)["input_ids"]])
+
+
+def cached_values(cache, layer):
+    """Layer ``layer``'s values from HF's KV cache as [batch, pos, n_kv, d_head] (absorbs Cache API changes)."""
+    v = cache.layers[layer].values if hasattr(cache, "layers") else cache[layer][1]
+    return v.transpose(1, 2)
+
+
+def value_rows(hf, layer):
+    """(module, row indices) of the value projection's output rows, in hook_v's flattened [kv, d_head] order."""
+    cfg = hf.config
+    if cfg.model_type == "gpt_neox":  # fused qkv, laid out per head as [q_h | k_h | v_h]
+        h, dh = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+        rows = torch.arange(h * 3 * dh).view(h, 3, dh)[:, 2].reshape(-1)
+        return hf.gpt_neox.layers[layer].attention.query_key_value, rows
+    mod = hf.model.layers[layer].self_attn.v_proj
+    return mod, torch.arange(mod.out_features)
+
+
+@torch.no_grad()
+def test_hook_v_equals_hf_kv_cache_at_every_layer(tiny):
+    bridge, hf, _ = tiny
+    for text in (PROMPTS[0], PROMPTS[2]):  # shorter and longer than Mistral's sliding window of 16
+        _check_against_cache(bridge, hf, ids_of(bridge, text))
+
+
+def _check_against_cache(bridge, hf, ids):
+    cache = hf(ids, use_cache=True).past_key_values
+    _, acts = bridge.run_with_cache(ids, names_filter=lambda n: n.endswith("attn.hook_v"))
+    n_kv = bridge.cfg.n_key_value_heads or bridge.cfg.n_heads
+    for layer in range(bridge.cfg.n_layers):
+        v = acts[f"blocks.{layer}.attn.hook_v"]
+        assert v.shape == (1, ids.shape[1], n_kv, bridge.cfg.d_head)
+        ref = cached_values(cache, layer)  # a sliding-window cache keeps only the last positions
+        torch.testing.assert_close(v[:, -ref.shape[1]:], ref, rtol=0, atol=0)
+        assert ref.shape[1] >= min(ids.shape[1], 15)
+
+
+@torch.no_grad()
+def test_bridge_logits_equal_hf_eager(tiny):
+    bridge, hf, _ = tiny
+    ids = ids_of(bridge, PROMPTS[0])
+    assert torch.equal(bridge(ids), hf(ids).logits)
+
+
+@torch.no_grad()
+def test_identity_hook_is_bit_exact_and_zeroing_is_live(tiny):
+    bridge, _, _ = tiny
+    ids = ids_of(bridge, PROMPTS[1])
+    base = bridge(ids)
+    names = [f"blocks.{layer}.attn.hook_v" for layer in range(bridge.cfg.n_layers)]
+    with bridge.hooks(fwd_hooks=[(n, lambda v, hook: v.clone()) for n in names]):
+        assert torch.equal(bridge(ids), base)
+    with bridge.hooks(fwd_hooks=[(names[-1], lambda v, hook: torch.zeros_like(v))]):
+        zeroed = bridge(ids)
+    assert (zeroed - base).abs().max() > 1e-3
+    assert torch.equal(bridge(ids), base)  # and nothing left behind
+
+
+@torch.no_grad()
+def test_projection_through_hook_equals_weight_edit(tiny):
+    """Projecting u (in the concatenated kv-head space) out of hook_v at every position equals a model copy
+    whose value weights and bias were pre-multiplied by (I - u u^T)."""
+    bridge, _, folder = tiny
+    layer = bridge.cfg.n_layers - 1
+    n_kv = bridge.cfg.n_key_value_heads or bridge.cfg.n_heads
+    dim = n_kv * bridge.cfg.d_head
+    u = torch.randn(dim, generator=torch.Generator().manual_seed(1))
+    u /= u.norm()
+
+    def project_out(v, hook):  # [batch, pos, n_kv, d_head]
+        flat = v.reshape(*v.shape[:2], -1)
+        return (flat - (flat @ u)[..., None] * u).reshape(v.shape)
+
+    ids = ids_of(bridge, PROMPTS[2])
+    with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_v", project_out)]):
+        hooked = bridge(ids)
+
+    edited = load_hf(folder)
+    mod, rows = value_rows(edited, layer)
+    proj = torch.eye(dim) - torch.outer(u, u)
+    mod.weight[rows] = proj @ mod.weight[rows]
+    if mod.bias is not None:
+        mod.bias[rows] = proj @ mod.bias[rows]
+    expected = edited(ids).logits
+    torch.testing.assert_close(hooked, expected, rtol=1e-5, atol=1e-5)
+    assert (hooked - bridge(ids)).abs().max() > 1e-3  # the edit did something
+
+
+def test_no_hook_remains_after_exception(tiny):
+    bridge, _, _ = tiny
+    name = f"blocks.{bridge.cfg.n_layers - 1}.attn.hook_v"
+    with pytest.raises(RuntimeError, match="boom"):
+        with bridge.hooks(fwd_hooks=[(name, lambda v, hook: v * 0)]):
+            raise RuntimeError("boom")
+    assert all(len(hp.fwd_hooks) == 0 for hp in bridge.hook_dict.values())
