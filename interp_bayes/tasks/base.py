@@ -1,0 +1,33 @@
+"""What every wind-tunnel task returns: token ids plus the exact posterior at the positions the model is scored on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TaskBatch:
+    """A batch of sequences with their exact Bayesian posteriors.
+
+    The model's prediction at ``input_ids[:, query_pos[q]]`` (next-token logits, restricted to the task's
+    hypothesis tokens) is compared with ``posterior[:, q]``.
+    """
+
+    input_ids: torch.Tensor  # [n, T] int64
+    query_pos: torch.Tensor  # [Q] int64, the same positions for every sequence
+    posterior: torch.Tensor  # [n, Q, H] float32, exact p(hypothesis | context)
+    labels: torch.Tensor  # [n, Q] int64, the realised hypothesis (a sample from the posterior's generative process)
+
+
+def entropy_bits(p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in bits over the last axis (0 log 0 = 0)."""
+    return -(torch.special.xlogy(p, p)).sum(-1) / np.log(2.0)
+
+
+def as_rng(seed: int | Sequence[int] | np.random.Generator | None) -> np.random.Generator:
+    """A numpy Generator from a seed (or the Generator itself), so every sampler is reproducible."""
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)

@@ -1,0 +1,69 @@
+"""Bijection elimination (Paper I task A): belief accumulation over a latent uniform bijection of V symbols.
+
+Sequence (sep-vocab, methods.md §1.2 format 1): ``[k1, v1+V, k2, v2+V, ..., kL]``; keys are ids 0..V-1, values
+V..2V-1. Every key position is a query: the next token there is the key's value, so the model is scored on its
+next-token distribution restricted to the V value tokens. Without replacement the exact posterior at the k-th key
+is uniform over the V-k+1 values not yet seen (entropy log2(V-k+1)); with replacement a repeated key gives a delta.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from interp_bayes.tasks.base import TaskBatch, as_rng
+
+
+class BijectionTask:
+    """Generator of bijection-elimination sequences with exact posteriors."""
+
+    name = "bijection"
+
+    def __init__(self, n_symbols: int = 20, n_pairs: int | None = None, replacement: bool = False) -> None:
+        n_pairs = n_symbols if n_pairs is None else n_pairs
+        if not replacement and n_pairs > n_symbols:
+            raise ValueError(f"n_pairs={n_pairs} > n_symbols={n_symbols} needs replacement=True.")
+        self.n_symbols, self.n_pairs, self.replacement = n_symbols, n_pairs, replacement
+
+    @property
+    def vocab(self) -> list[str]:
+        """Token strings in id order: keys k0.. then values v0.."""
+        return [f"k{i}" for i in range(self.n_symbols)] + [f"v{i}" for i in range(self.n_symbols)]
+
+    @property
+    def hypothesis_ids(self) -> list[int]:
+        """Token ids of the hypotheses (the value tokens) the posterior is over."""
+        return list(range(self.n_symbols, 2 * self.n_symbols))
+
+    def seq_len(self, length: int | None = None) -> int:
+        """Tokens per sequence for ``length`` key/value pairs (the last value is never shown)."""
+        return 2 * (length or self.n_pairs) - 1
+
+    def sample(self, n: int, *, seed: int | np.random.Generator | None = None, length: int | None = None) -> TaskBatch:
+        """Draw ``n`` sequences of ``length`` pairs (default ``n_pairs``), a fresh bijection each."""
+        rng, V, L = as_rng(seed), self.n_symbols, length or self.n_pairs
+        perm = np.argsort(rng.random((n, V)), axis=1)  # [n, V] the latent bijection
+        if self.replacement:
+            keys = rng.integers(0, V, size=(n, L))
+        else:
+            if L > V:
+                raise ValueError(f"length={L} > n_symbols={V} needs replacement=True.")
+            keys = np.argsort(rng.random((n, V)), axis=1)[:, :L]  # [n, L] distinct keys
+        values = np.take_along_axis(perm, keys, axis=1)  # [n, L]
+        tokens = np.empty((n, 2 * L - 1), dtype=np.int64)
+        tokens[:, 0::2] = keys
+        tokens[:, 1::2] = values[:, :-1] + V
+        onehot = np.eye(V, dtype=np.float64)[values]  # [n, L, V]
+        seen = (np.cumsum(onehot, axis=1) - onehot) > 0  # [n, L, V] values shown before query k
+        unseen = ~seen
+        post = unseen / unseen.sum(-1, keepdims=True)
+        if self.replacement:  # a repeated key's value is known exactly
+            key_oh = np.eye(V, dtype=np.float64)[keys]
+            repeated = ((np.cumsum(key_oh, axis=1) - key_oh) * key_oh).sum(-1) > 0  # [n, L]
+            post = np.where(repeated[..., None], onehot, post)
+        return TaskBatch(
+            input_ids=torch.from_numpy(tokens),
+            query_pos=torch.arange(0, 2 * L - 1, 2),
+            posterior=torch.from_numpy(post.astype(np.float32)),
+            labels=torch.from_numpy(values),
+        )

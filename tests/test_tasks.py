@@ -1,0 +1,118 @@
+"""Wind-tunnel tasks: exact posteriors, token layouts, reproducibility."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interp_bayes.tasks.base import entropy_bits
+from interp_bayes.tasks.bijection import BijectionTask
+from interp_bayes.tasks.hmm import MIN_CENTS, HMMTask, discretize_rows, hmm_filter
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_bijection_posteriors_are_distributions(replacement):
+    b = BijectionTask(n_symbols=12, n_pairs=12, replacement=replacement).sample(64, seed=0)
+    torch.testing.assert_close(b.posterior.sum(-1), torch.ones(64, 12))
+    assert (b.posterior >= 0).all()
+    # the realised value always has positive posterior mass
+    assert (torch.gather(b.posterior, 2, b.labels[..., None]) > 0).all()
+
+
+def test_bijection_entropy_is_log2_of_remaining_values():
+    V = 20
+    b = BijectionTask(n_symbols=V).sample(32, seed=1)
+    expected = torch.tensor([math.log2(V - k + 1) for k in range(1, V + 1)])
+    torch.testing.assert_close(entropy_bits(b.posterior), expected.expand(32, V), atol=1e-5, rtol=0)
+
+
+def test_bijection_layout_and_consistency():
+    V = 10
+    b = BijectionTask(n_symbols=V, n_pairs=7).sample(16, seed=2)
+    ids = b.input_ids
+    assert ids.shape == (16, 13)
+    keys, shown_values = ids[:, 0::2], ids[:, 1::2] - V
+    assert torch.equal(b.query_pos, torch.arange(0, 13, 2))
+    assert (keys < V).all() and (shown_values >= 0).all() and (shown_values < V).all()
+    torch.testing.assert_close(shown_values, b.labels[:, :-1])
+    # a value already shown has zero mass at every later query
+    for q in range(1, 7):
+        seen = torch.nn.functional.one_hot(b.labels[:, :q], V).sum(1) > 0
+        assert (b.posterior[:, q][seen] == 0).all()
+
+
+def test_bijection_with_replacement_is_a_delta_on_repeated_keys():
+    b = BijectionTask(n_symbols=5, n_pairs=12, replacement=True).sample(64, seed=3)
+    keys = b.input_ids[:, 0::2]
+    repeated = torch.stack([(keys[:, :q] == keys[:, q : q + 1]).any(1) for q in range(12)], 1)
+    assert repeated.any()
+    h = entropy_bits(b.posterior)
+    assert (h[repeated].abs() < 1e-6).all()
+    assert torch.equal(b.posterior[repeated].argmax(-1), b.labels[repeated])
+    n_distinct_seen = torch.stack([torch.tensor([len(set(r[:q].tolist())) for r in keys]) for q in range(12)], 1)
+    torch.testing.assert_close(h[~repeated], torch.log2(5 - n_distinct_seen[~repeated].float()))
+
+
+@pytest.mark.parametrize("task", [BijectionTask(), HMMTask()])
+def test_generation_is_reproducible_from_a_seed(task):
+    a, b, c = task.sample(8, seed=7), task.sample(8, seed=7), task.sample(8, seed=8)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.posterior, b.posterior)
+    assert not torch.equal(a.input_ids, c.input_ids)
+
+
+def brute_force_filter(T: np.ndarray, E: np.ndarray, obs: list[int]) -> np.ndarray:
+    """p(s_t | o_1..t) by summing over every hidden path, uniform start."""
+    S, out = T.shape[0], []
+    for t in range(1, len(obs) + 1):
+        post = np.zeros(S)
+        for path in itertools.product(range(S), repeat=t):
+            p = 1.0 / S * E[path[0], obs[0]]
+            for i in range(1, t):
+                p *= T[path[i - 1], path[i]] * E[path[i], obs[i]]
+            post[path[-1]] += p
+        out.append(post / post.sum())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("S,O,K", [(3, 2, 4), (2, 3, 5), (4, 4, 3)])
+def test_forward_algorithm_matches_brute_force(S, O, K):
+    rng = np.random.default_rng(S * 100 + K)
+    n = 5
+    T, E = rng.dirichlet(np.ones(S), size=(n, S)), rng.dirichlet(np.ones(O), size=(n, S))
+    obs = rng.integers(0, O, size=(n, K))
+    got = hmm_filter(torch.from_numpy(T), torch.from_numpy(E), torch.from_numpy(obs)).numpy()
+    for i in range(n):
+        np.testing.assert_allclose(got[i], brute_force_filter(T[i], E[i], obs[i].tolist()), rtol=1e-10)
+
+
+def test_hmm_tokens_carry_the_matrices_the_posterior_uses():
+    task = HMMTask(n_steps=4)
+    b = task.sample(6, seed=4)
+    ids = b.input_ids.numpy()
+    assert ids.shape == (6, 53 + 8) and task.header_len == 53
+    assert (ids[:, 0] == task.trans_id).all() and (ids[:, 26] == task.emit_id).all() and (ids[:, 52] == task.sep_id).all()
+    T = (ids[:, 1:26].reshape(6, 5, 5) + MIN_CENTS) / 100.0
+    E = (ids[:, 27:52].reshape(6, 5, 5) + MIN_CENTS) / 100.0
+    np.testing.assert_allclose(T.sum(-1), 1.0)
+    np.testing.assert_allclose(E.sum(-1), 1.0)
+    obs = ids[:, b.query_pos.numpy()] - task.symbol_offset  # observation o_t sits at each query position
+    assert (ids[:, b.query_pos.numpy() - 1] == task.obs_id).all()
+    for i in range(6):
+        np.testing.assert_allclose(b.posterior[i].numpy(), brute_force_filter(T[i], E[i], obs[i].tolist()), atol=1e-6)
+    torch.testing.assert_close(b.posterior.sum(-1), torch.ones(6, 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=5, max_size=5).filter(lambda x: sum(x) > 0.1))
+def test_discretized_rows_are_valid_hundredths(raw):
+    p = np.maximum(np.array(raw) / sum(raw), 0.05)
+    p = p / p.sum()
+    cents = discretize_rows(p[None])[0]
+    assert cents.sum() == 100 and cents.min() >= MIN_CENTS
+    assert np.abs(cents - 100 * p).max() <= 5
