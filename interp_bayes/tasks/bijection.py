@@ -56,7 +56,7 @@ class BijectionTask:
         onehot = np.eye(V, dtype=np.float64)[values]  # [n, L, V]
         seen = (np.cumsum(onehot, axis=1) - onehot) > 0  # [n, L, V] values shown before query k
         unseen = ~seen
-        post = unseen / unseen.sum(-1, keepdims=True)
+        post = unseen / np.maximum(unseen.sum(-1, keepdims=True), 1)  # all seen: only a repeated key, set below
         if self.replacement:  # a repeated key's value is known exactly
             key_oh = np.eye(V, dtype=np.float64)[keys]
             repeated = ((np.cumsum(key_oh, axis=1) - key_oh) * key_oh).sum(-1) > 0  # [n, L]

@@ -1,0 +1,219 @@
+"""Training configs, presets, tasks by name, and the two model families: an HF GPT-2 transformer and an MLP baseline.
+
+The transformer is a plain ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU MLP, tied embeddings:
+the paper's architecture; absolute positions matter for the HMM, whose matrix entries are identified only by
+where they sit in the header), so ``ib.load_model(folder)`` boots it in TransformerBridge like any LLM. The MLP
+baseline has the same embeddings and read-out but no attention: each position sees only its own token and index.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, GPT2Config
+
+from interp_bayes.tasks.bijection import BijectionTask
+from interp_bayes.tasks.hmm import HMMTask
+
+TASKS = {"bijection": BijectionTask, "hmm": HMMTask}
+MLP_MODEL_TYPE = "windtunnel_mlp"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a wind-tunnel run needs; saved as windtunnel.json beside every checkpoint."""
+
+    task: str = "bijection"
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    arch: str = "transformer"  # "transformer" | "mlp"
+    n_layers: int = 2
+    n_heads: int = 4
+    d_model: int = 64
+    d_ff: int = 256
+    n_positions: int = 0  # 0: the task's longest training sequence
+    steps: int = 1000
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup: int = 100
+    min_lr_frac: float = 0.05  # cosine decays to lr * min_lr_frac
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    clip: float = 1.0
+    loss: str = "soft"  # "soft": cross-entropy to the exact posterior; "hard": to the realised hypothesis
+    length_schedule: list[tuple[int, int]] = field(default_factory=list)  # [(from_step, length)], curriculum
+    checkpoints: list[int] = field(default_factory=list)  # steps to save; empty: 50 * 2**i below steps
+    eval_every: int = 250
+    eval_n: int = 512
+    log_every: int = 25
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Rebuild from a windtunnel.json dict (lists back to tuples where the field is a tuple)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; known: {sorted(known)}.")
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        if "length_schedule" in d:
+            d["length_schedule"] = [tuple(x) for x in d["length_schedule"]]
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def checkpoint_steps(self) -> list[int]:
+        """Dense early, sparse late: the explicit list, or 50, 100, 200, ... below ``steps``."""
+        if self.checkpoints:
+            return sorted(s for s in self.checkpoints if 0 <= s < self.steps)
+        out, s = [], 50
+        while s < self.steps:
+            out.append(s)
+            s *= 2
+        return out
+
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "bijection": {
+        # Paper I: 6 layers, 6 heads, d 192, d_ff 768 (2.68M); the authors' production recipe (hard labels).
+        "paper": dict(n_layers=6, n_heads=6, d_model=192, d_ff=768, steps=50_000, batch_size=256, lr=3e-4,
+                      warmup=2000, weight_decay=0.1, loss="hard", eval_every=1000, log_every=100,
+                      checkpoints=[100, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10_000, 20_000]),
+        "cpu": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=4000, batch_size=128, lr=3e-3,
+                    warmup=200, weight_decay=0.01, loss="soft",
+                    checkpoints=[50, 100, 200, 300, 400, 600, 800, 1000, 1500, 2000, 3000]),
+        "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
+                     eval_every=100, eval_n=128, log_every=10, checkpoints=[100]),
+    },
+    "hmm": {
+        # Paper I HMM size per methods.md §1.5 (9 layers, 8 heads, d 256, d_ff 1024; the code's count, ~7.2M,
+        # not the paper's 2.68M); positions to 1024 as the authors' GPTMini, so K = 50 is in range.
+        "paper": dict(n_layers=9, n_heads=8, d_model=256, d_ff=1024, n_positions=1024, steps=50_000,
+                      batch_size=64, lr=3e-4, warmup=1000, weight_decay=0.01, loss="soft", eval_every=1000,
+                      log_every=100,
+                      checkpoints=[100, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10_000, 20_000]),
+        "cpu": dict(n_layers=3, n_heads=4, d_model=64, d_ff=256, n_positions=160, steps=3000, batch_size=64,
+                    lr=3e-3, warmup=200, weight_decay=0.01, loss="soft",
+                    checkpoints=[50, 100, 200, 300, 400, 600, 800, 1000, 1500, 2000]),
+        "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_positions=80, steps=300, batch_size=32,
+                     lr=3e-3, warmup=30, eval_every=100, eval_n=64, log_every=10, checkpoints=[100],
+                     task_kwargs=dict(n_steps=8)),
+    },
+}
+
+
+def make_config(task: str, preset: str = "cpu", **overrides: Any) -> TrainConfig:
+    """The preset's TrainConfig for ``task`` with keyword overrides (e.g. ``steps=200``, ``arch="mlp"``)."""
+    if task not in PRESETS:
+        raise ValueError(f"unknown task {task!r}; known tasks: {sorted(PRESETS)}.")
+    if preset not in PRESETS[task]:
+        raise ValueError(f"unknown preset {preset!r} for {task}; known presets: {sorted(PRESETS[task])}.")
+    return TrainConfig.from_dict({"task": task, **PRESETS[task][preset], **overrides})
+
+
+def make_task(cfg: TrainConfig) -> BijectionTask | HMMTask:
+    """The task object a config trains on."""
+    return TASKS[cfg.task](**cfg.task_kwargs)
+
+
+def n_positions(cfg: TrainConfig, task: BijectionTask | HMMTask) -> int:
+    """Position-embedding rows: the config's value, or the longest sequence the run trains on."""
+    return cfg.n_positions or max([task.seq_len()] + [task.seq_len(n) for _, n in cfg.length_schedule])
+
+
+def gpt2_config(cfg: TrainConfig, task: BijectionTask | HMMTask) -> GPT2Config:
+    """The HF config of the transformer: task vocabulary + one special token, no dropout (fresh data every step)."""
+    special = len(task.vocab)
+    return GPT2Config(
+        vocab_size=special + 1, n_positions=n_positions(cfg, task), n_embd=cfg.d_model, n_layer=cfg.n_layers,
+        n_head=cfg.n_heads, n_inner=cfg.d_ff, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=special, eos_token_id=special,
+        pad_token_id=special,
+    )
+
+
+class MLPBaseline(nn.Module):
+    """Per-position residual MLP over token + position embeddings, tied read-out; no mixing across positions.
+
+    The capacity-matched control of Paper I: it can learn any function of (token, position) but not of the
+    context, so the best it can do is a position-wise average belief.
+    """
+
+    def __init__(self, vocab_size: int, n_positions: int, d_model: int, n_blocks: int, d_hidden: int) -> None:
+        super().__init__()
+        self.config = dict(model_type=MLP_MODEL_TYPE, vocab_size=vocab_size, n_positions=n_positions,
+                           d_model=d_model, n_blocks=n_blocks, d_hidden=d_hidden)
+        self.wte = nn.Embedding(vocab_size, d_model)
+        self.wpe = nn.Embedding(n_positions, d_model)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, d_hidden), nn.GELU(),
+                          nn.Linear(d_hidden, d_model))
+            for _ in range(n_blocks)
+        )
+        self.ln_f = nn.LayerNorm(d_model)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` [batch, pos] -> logits [batch, pos, vocab]."""
+        h = self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1], device=input_ids.device))
+        for block in self.blocks:
+            h = h + block(h)
+        return self.ln_f(h) @ self.wte.weight.T
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """config.json + model.safetensors, the same files an HF folder has."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.config, indent=2))
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(folder / "model.safetensors"))
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> MLPBaseline:
+        folder = Path(folder)
+        conf = json.loads((folder / "config.json").read_text())
+        conf.pop("model_type")
+        model = cls(**conf)
+        model.load_state_dict(load_file(str(folder / "model.safetensors")))
+        return model.eval()
+
+
+def n_params(model: nn.Module) -> int:
+    """Distinct trainable parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_transformer(cfg: TrainConfig, task: BijectionTask | HMMTask) -> nn.Module:
+    """A freshly initialised GPT2LMHeadModel (SDPA attention for training speed; the bridge uses eager)."""
+    return AutoModelForCausalLM.from_config(gpt2_config(cfg, task), attn_implementation="sdpa")
+
+
+def build_mlp(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> MLPBaseline:
+    """MLP baseline with the transformer's embeddings and ``n_layers`` blocks, hidden width solved so that its
+    parameter count matches ``target_params`` (default: the transformer of the same config) to within 2%."""
+    target = target_params or n_params(build_transformer(cfg, task))
+    vocab, npos, d, nb = len(task.vocab) + 1, n_positions(cfg, task), cfg.d_model, cfg.n_layers
+    fixed = (vocab + npos) * d + 2 * d + nb * 3 * d  # embeddings, final LN, per-block LN + output bias
+    hidden = max(1, round((target - fixed) / (nb * (2 * d + 1))))
+    model = MLPBaseline(vocab, npos, d, nb, hidden)
+    if abs(n_params(model) - target) > 0.02 * target:
+        raise ValueError(f"MLP has {n_params(model)} params vs target {target}: not within 2%; change n_layers.")
+    return model
+
+
+def build_model(cfg: TrainConfig, task: BijectionTask | HMMTask) -> nn.Module:
+    """The model a config trains: transformer or capacity-matched MLP."""
+    if cfg.arch == "transformer":
+        return build_transformer(cfg, task)
+    if cfg.arch == "mlp":
+        return build_mlp(cfg, task)
+    raise ValueError(f"unknown arch {cfg.arch!r}; use 'transformer' or 'mlp'.")

@@ -1,0 +1,194 @@
+"""Training loop for wind-tunnel models: fresh batches every step, AdamW with warm-up and cosine decay, clipping,
+checkpoints on a dense-early schedule (each a loadable HF folder), a tqdm bar and a JSONL metrics log.
+
+Output folder::
+
+    OUT/config.json, model.safetensors, tokenizer.json, ...   final model (boots with ib.load_model(OUT))
+    OUT/windtunnel.json                                         TrainConfig, seed, parameter count, final eval
+    OUT/metrics.jsonl                                           one JSON line per logged step
+    OUT/checkpoints/step_000050/ ...                            same files, one folder per checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from interp_bayes.tasks.base import TaskBatch
+from interp_bayes.windtunnel.configs import (
+    PRESETS,
+    TrainConfig,
+    build_model,
+    make_config,
+    make_task,
+    n_params,
+    n_positions,
+)
+from interp_bayes.windtunnel.evaluate import default_lengths, evaluate_windtunnel, restricted_log_probs, score
+from interp_bayes.windtunnel.tokenizer import save_tokenizer
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to 1, then cosine decay to ``min_lr_frac`` at ``steps``."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def length_at(step: int, cfg: TrainConfig) -> int | None:
+    """Curriculum: the sequence length in force at ``step`` (None: the task default)."""
+    current = None
+    for start, length in sorted(cfg.length_schedule):
+        if step >= start:
+            current = length
+    return current
+
+
+def save_folder(model: nn.Module, cfg: TrainConfig, task: Any, folder: Path, extra: dict[str, Any]) -> None:
+    """Weights + HF config + tokenizer + windtunnel.json: a folder ib.load_model (or MLPBaseline) can boot."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    save_tokenizer(task.vocab, folder)
+    meta = {"config": cfg.to_dict(), "n_params": n_params(model), **extra}
+    tmp = folder / "windtunnel.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, folder / "windtunnel.json")
+
+
+def loss_fn(logp: torch.Tensor, posterior: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    """Soft cross-entropy to the exact posterior, or hard cross-entropy to the realised hypothesis; nats."""
+    if kind == "soft":
+        return -(posterior * logp).sum(-1).mean()
+    return -torch.gather(logp, -1, labels[..., None]).mean()
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (no weight decay on biases and norms) with the warm-up + cosine schedule."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=cfg.betas,
+    )
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+
+
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, sched: Any, batch: TaskBatch, cfg: TrainConfig, hyp: list[int]
+) -> tuple[float, float]:
+    """One optimiser step on ``batch``; returns (loss in nats, gradient norm before clipping)."""
+    logp = restricted_log_probs(model, batch, hyp)
+    loss = loss_fn(logp, batch.posterior, batch.labels, cfg.loss)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
+    opt.step()
+    sched.step()
+    return loss.item(), grad_norm
+
+
+def train_windtunnel(
+    task: str,
+    *,
+    preset: str = "cpu",
+    out: str | Path,
+    seed: int = 0,
+    quiet: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Train a wind-tunnel model on ``task`` ("bijection" | "hmm") with a preset ("paper" | "cpu" | "tiny").
+
+    ``overrides`` replace TrainConfig fields (``arch="mlp"`` trains the capacity-matched baseline). Returns the
+    output folder, which holds the final model, its checkpoints and the metrics log.
+    """
+    cfg = make_config(task, preset, seed=seed, **overrides)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    data_rng = np.random.default_rng([cfg.seed, 1])
+    the_task = make_task(cfg)
+    model = build_model(cfg, the_task)
+    model.train()
+    count = n_params(model)
+    if not quiet:
+        print(f"{cfg.task}/{preset} {cfg.arch}: {count:,} parameters")
+    opt, sched = make_optimizer(model, cfg)
+    eval_batch = the_task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
+    ckpts = set(cfg.checkpoint_steps())
+    hyp = the_task.hypothesis_ids
+    start = time.perf_counter()
+    log = (out / "metrics.jsonl").open("w")
+    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
+    for step in bar:
+        if step in ckpts:
+            save_folder(model, cfg, the_task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
+        batch = the_task.sample(cfg.batch_size, seed=data_rng, length=length_at(step, cfg))
+        loss, grad_norm = train_step(model, opt, sched, batch, cfg, hyp)
+        last = step == cfg.steps - 1
+        if step % cfg.log_every == 0 or last:
+            rec = {"step": step, "loss": loss, "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
+                   "length": batch.input_ids.shape[1], "elapsed_s": round(time.perf_counter() - start, 2)}
+            if step % cfg.eval_every == 0 or last:
+                with torch.no_grad():
+                    model.eval()
+                    ev = score(restricted_log_probs(model, eval_batch, hyp), eval_batch.posterior)
+                    model.train()
+                rec |= {k: v for k, v in ev.items() if k != "per_position"}
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", mae=f"{rec['per_sample_entropy_mae_bits']:.4f}")
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+    log.close()
+    wall = time.perf_counter() - start
+    model.eval()
+    npos = n_positions(cfg, the_task)
+    final = evaluate_windtunnel(model, the_task, n=2000, lengths=[k for k in default_lengths(the_task)
+                                                                    if the_task.seq_len(k) <= npos])
+    summary = {length: {k: v for k, v in m.items() if k != "per_position"} for length, m in final.items()}
+    save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "preset": preset,
+                                            "eval": final, "torch_threads": torch.get_num_threads()})
+    if not quiet:
+        print(f"done in {wall:.0f} s; eval (bits): {json.dumps(summary)}")
+    return out
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``interp-bayes train TASK --preset P --out DIR``."""
+    parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
+    parser.add_argument("--preset", default="cpu", help="paper | cpu | tiny")
+    parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
+    parser.add_argument("--steps", type=int, default=None, help="override the preset's step count")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run a training from parsed ``add_train_args`` arguments; returns an exit status."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps else {})
+    train_windtunnel(args.task, preset=args.preset, out=args.out, seed=args.seed, quiet=args.quiet, **overrides)
+    return 0
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry: ``python -m interp_bayes.windtunnel.train TASK --preset P --out DIR``."""
+    parser = argparse.ArgumentParser(prog="interp-bayes train", description=train_main.__doc__)
+    add_train_args(parser)
+    return run_train(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(train_main())
