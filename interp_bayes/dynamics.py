@@ -471,6 +471,7 @@ def train_deep(seed: int, *, T: int = 2000, n_steps: int = 2000, lr: float = 3e-
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
 PRECISION_METRICS = ("entropy_mae", "pc1_share", "entropy_r2", "low_entropy_separation")
+LOG_METRICS = ("entropy_mae",)  # errors spanning decades settle on a log scale (0.03 -> 0.0008 bits is progress)
 
 
 @dataclass
@@ -555,12 +556,14 @@ def snapshot_metrics(snap: Snapshot, final: Snapshot) -> dict[str, float]:
     }
 
 
-def settle_step(steps: Sequence[int], values: Sequence[float], frac: float = 0.9) -> int:
-    """First step from which a metric stays at least ``frac`` of the way from its first value to its final one.
+def settle_step(steps: Sequence[int], values: Sequence[float], frac: float = 0.9, log: bool = False) -> int:
+    """First step from which a metric stays at least ``frac`` of the way from its first value to its final one
+    (on a log scale if ``log``; values must then be positive).
 
     Works for rising and falling metrics alike; a metric that never moves settles at the first step.
     """
     v = np.asarray(values, dtype=np.float64)
+    v = np.log(np.maximum(v, 1e-12)) if log else v
     span = v[-1] - v[0]
     if span == 0:
         return int(steps[0])
@@ -571,10 +574,12 @@ def settle_step(steps: Sequence[int], values: Sequence[float], frac: float = 0.9
 def dissociation(steps: Sequence[int], curves: dict[str, Sequence[float]], frac: float = 0.9) -> dict:
     """Settle step of every metric, the median frame and precision settle steps, and their ratio.
 
-    The ratio divides by the frame step floored at the first positive checkpoint step (a frame fixed from
-    initialisation would otherwise give infinity). Dissociation holds when the ratio is well above 1.
+    Metrics in ``LOG_METRICS`` settle on a log scale. The ratio divides by the frame step floored at the first
+    positive checkpoint step (a frame fixed from initialisation would otherwise give infinity). Dissociation holds
+    when the ratio is well above 1.
     """
-    settle = {m: settle_step(steps, curves[m], frac) for m in FRAME_METRICS + PRECISION_METRICS if m in curves}
+    settle = {m: settle_step(steps, curves[m], frac, log=m in LOG_METRICS)
+              for m in FRAME_METRICS + PRECISION_METRICS if m in curves}
     frame = float(np.median([settle[m] for m in FRAME_METRICS if m in settle]))
     precision = float(np.median([settle[m] for m in PRECISION_METRICS if m in settle]))
     floor = min(s for s in steps if s > 0)
@@ -606,6 +611,31 @@ def frame_precision_from_checkpoints(checkpoints: Sequence[tuple[int, str | Path
     return {"steps": steps, "curves": curves, **dissociation(steps, curves, frac)}
 
 
+def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` pairs of a wind-tunnel run: ``RUN/checkpoints/step_NNNNNN`` plus the final model in ``RUN``
+    (its step from ``windtunnel.json``: ``step`` if recorded, else the configured ``steps``)."""
+    run = Path(run)
+    series = {int(f.name.split("_")[1]): f for f in sorted((run / "checkpoints").glob("step_*")) if f.is_dir()}
+    meta = run / "windtunnel.json"
+    if meta.exists():
+        d = json.loads(meta.read_text())
+        series.setdefault(int(d.get("step", d["config"]["steps"])), run)
+    if len(series) < 2:
+        raise ValueError(f"{run} holds fewer than two checkpoints; train with checkpoints (windtunnel) first.")
+    return sorted(series.items())
+
+
+def frame_precision_run(run: str | Path, *, n_eval: int = 64, seed: int = 0, loader: Callable | None = None) -> dict:
+    """``frame_precision_from_checkpoints`` on a wind-tunnel run folder, with ``n_eval`` fresh sequences of its task."""
+    from interp_bayes.windtunnel.configs import TrainConfig, make_task
+
+    series = checkpoint_series(run)
+    cfg = TrainConfig.from_dict(json.loads((series[0][1] / "windtunnel.json").read_text())["config"])
+    task = make_task(cfg)
+    res = frame_precision_from_checkpoints(series, task.sample(n_eval, seed=seed), task.hypothesis_ids, loader=loader)
+    return {"run": str(run), "task": cfg.task, **res}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Command line: `interp-bayes dynamics`
 # ---------------------------------------------------------------------------------------------------------------
@@ -623,6 +653,9 @@ def add_dynamics_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--deep-seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
     parser.add_argument("--deep-device", default="cpu", help="device for the deep variant (cuda recommended)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--frames", type=Path, nargs="+", default=[],
+                        help="wind-tunnel run folders (one per seed): frame-precision curves and dissociation ratio")
+    parser.add_argument("--frames-only", action="store_true", help="skip the laws and the sticky chain")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true")
     return parser
@@ -632,22 +665,23 @@ def _fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def markdown_tables(results: dict) -> str:
-    """Markdown tables of a ``run_dynamics`` result: law errors, optimiser comparison, manifold, deep variant."""
-    lines = [f"Gradient laws vs autograd (float64, worst relative error over {results['law_cases']} random shapes):",
-             "",
-             "| gradient | attention only | + readout & CE |", "|---|---|---|"]
+def _law_lines(results: dict) -> list[str]:
     laws = results["laws"]
+    lines = [f"Gradient laws vs autograd (float64, worst relative error over {results['law_cases']} random shapes):",
+             "", "| gradient | attention only | + readout & CE |", "|---|---|---|"]
     for name in sorted(set(laws["attention"]) | set(laws["readout_ce"])):
         cells = [f"{laws[k][name]:.1e}" if name in laws[k] else "–" for k in ("attention", "readout_ce")]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
-    s = results["sticky"]
-    lines += ["", f"Sticky chain, single head, {len(s['seeds'])} seeds, {s['n_steps']} steps; H(Y'|Y) = "
-              f"{_fmt(s['entropy_floor'])} nats; exact Bayes-filter CE {_fmt(s['bayes_loss_mean'])} (training chain), "
-              f"{_fmt(s['bayes_heldout_loss_mean'])} (fresh chain) nats:", "",
-              "| optimiser | final loss (mean ± sd) | held-out loss | final entropy | accuracy | steps to SGD final "
-              "(per seed) | speed-up (geomean, 95% CI) | authors' pooled speed-up | paired t (p) vs SGD |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def _sticky_lines(s: dict) -> list[str]:
+    lines = ["", f"Sticky chain, single head, {len(s['seeds'])} seeds, {s['n_steps']} steps; H(Y'|Y) = "
+             f"{_fmt(s['entropy_floor'])} nats; exact Bayes-filter CE {_fmt(s['bayes_loss_mean'])} (training chain), "
+             f"{_fmt(s['bayes_heldout_loss_mean'])} (fresh chain) nats:", "",
+             "| optimiser | final loss (mean ± sd) | held-out loss | final entropy | accuracy | steps to SGD final "
+             "(per seed) | speed-up (geomean, 95% CI) | authors' pooled speed-up | paired t (p) vs SGD |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m, row in s["methods"].items():
         base = (f"| {m} | {_fmt(row['final_loss_mean'], 4)} ± {_fmt(row['final_loss_sd'], 4)} | "
                 f"{_fmt(row['heldout_loss_mean'], 4)} | {_fmt(row['final_entropy_mean'], 4)} | "
@@ -662,24 +696,50 @@ def markdown_tables(results: dict) -> str:
                          f"({row['paired_p']:.1e}) |")
     lines += ["", "Value manifold over training (mean over seeds): PC1 share of x W_V / cross-validated R² of the "
               "predictive entropy from the value / sd of that entropy (nats)", "",
-              "| step | " + " | ".join(s["methods"]) + " |",
-              "|---" * (len(s["methods"]) + 1) + "|"]
+              "| step | " + " | ".join(s["methods"]) + " |", "|---" * (len(s["methods"]) + 1) + "|"]
     first = next(iter(s["methods"].values()))["manifold"]
     for i, step in enumerate(first["step"]):
         cells = [f"{_fmt(r['manifold']['pc1_share'][i], 2)} / {_fmt(r['manifold']['entropy_r2'][i], 2)} / "
                  f"{_fmt(r['manifold']['entropy_sd'][i], 3)}" for r in s["methods"].values()]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _deep_lines(deep: list[dict]) -> list[str]:
+    lines = ["", "Deep variant (4 layers, AdamW), evaluated on a fresh chain:", "",
+             "| seed | steps | test loss | test entropy | accuracy | Bayes-filter test CE | H(Y'|Y) | s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in deep:
+        lines.append(f"| {d['seed']} | {d['n_steps']} | {_fmt(d['test_loss'], 4)} | {_fmt(d['test_entropy'], 4)} | "
+                     f"{_fmt(d['test_accuracy'])} | {_fmt(d['bayes_test_loss'], 4)} | {_fmt(d['entropy_floor'])} | "
+                     f"{d['seconds']:.0f} |")
+    return lines
+
+
+def _frame_lines(frames: list[dict], summary: dict) -> list[str]:
+    metrics = FRAME_METRICS + PRECISION_METRICS
+    lines = ["", "Frame vs precision: step at which each metric stays 90% of the way to its final value", "",
+             "| run | " + " | ".join(metrics) + " | frame step | precision step | ratio |",
+             "|---" * (len(metrics) + 4) + "|"]
+    for f in frames:
+        lines.append(f"| {Path(f['run']).name} | " + " | ".join(str(f["settle"][m]) for m in metrics)
+                     + f" | {f['frame_step']:.0f} | {f['precision_step']:.0f} | {_fmt(f['ratio'], 2)} |")
+    lines.append(f"\nDissociation ratio (geomean over {summary['n']} runs, 95% CI): {_fmt(summary['geomean'], 2)} "
+                 f"({_fmt(summary['lo'], 2)}–{_fmt(summary['hi'], 2)})")
+    return lines
+
+
+def markdown_tables(results: dict) -> str:
+    """Markdown tables of a ``run_dynamics`` result (whichever sections it has) and the wall times."""
+    lines = _law_lines(results) if results.get("laws") else []
+    if results.get("sticky"):
+        lines += _sticky_lines(results["sticky"])
     if results.get("deep"):
-        lines += ["", "Deep variant (4 layers, AdamW), evaluated on a fresh chain:", "",
-                  "| seed | steps | test loss | test entropy | accuracy | Bayes-filter test CE | H(Y'|Y) | s |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for d in results["deep"]:
-            lines.append(f"| {d['seed']} | {d['n_steps']} | {_fmt(d['test_loss'], 4)} | {_fmt(d['test_entropy'], 4)} | "
-                         f"{_fmt(d['test_accuracy'])} | {_fmt(d['bayes_test_loss'], 4)} | {_fmt(d['entropy_floor'])} | "
-                         f"{d['seconds']:.0f} |")
-    lines += ["", f"Wall time: laws {results['seconds']['laws']:.1f} s, sticky {results['seconds']['sticky']:.0f} s"
-              + (f", deep {results['seconds']['deep']:.0f} s" if results.get("deep") else "")
-              + f" ({results['threads']} torch thread(s))."]
+        lines += _deep_lines(results["deep"])
+    if results.get("frames"):
+        lines += _frame_lines(results["frames"], results["frames_summary"])
+    times = ", ".join(f"{k} {v:.0f} s" for k, v in results["seconds"].items() if v)
+    lines += ["", f"Wall time: {times} ({results['threads']} torch thread(s))."]
     return "\n".join(lines)
 
 
@@ -688,20 +748,33 @@ def run_dynamics(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, flush=True))
-    t0 = time.perf_counter()
-    laws = law_check(args.law_cases)
-    t1 = time.perf_counter()
-    say(f"gradient laws: worst relative error {max(max(v.values()) for v in laws.values()):.1e}")
-    sticky = sticky_comparison(args.seeds, T=args.T, n_steps=args.steps, record_every=args.record_every, progress=say)
-    t2 = time.perf_counter()
-    deep = []
+    res: dict = {"threads": torch.get_num_threads(), "config": {k: str(v) for k, v in vars(args).items()},
+                 "law_cases": args.law_cases, "seconds": {}}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        res["seconds"][name] = time.perf_counter() - clock
+        clock = time.perf_counter()
+
+    if not args.frames_only:
+        res["laws"] = law_check(args.law_cases)
+        lap("laws")
+        say(f"gradient laws: worst relative error {max(max(v.values()) for v in res['laws'].values()):.1e}")
+        res["sticky"] = sticky_comparison(args.seeds, T=args.T, n_steps=args.steps, record_every=args.record_every,
+                                          progress=say)
+        lap("sticky")
     if args.deep:
+        res["deep"] = []
         for seed in args.deep_seeds:
-            deep.append(train_deep(seed, T=args.T, n_steps=args.deep_steps, device=args.deep_device))
-            say(f"deep seed {seed}: test loss {deep[-1]['test_loss']:.4f} ({deep[-1]['seconds']:.0f} s)")
-    return {"laws": laws, "law_cases": args.law_cases, "sticky": sticky, "deep": deep,
-            "threads": torch.get_num_threads(), "config": {k: str(v) for k, v in vars(args).items()},
-            "seconds": {"laws": t1 - t0, "sticky": t2 - t1, "deep": time.perf_counter() - t2}}
+            res["deep"].append(train_deep(seed, T=args.T, n_steps=args.deep_steps, device=args.deep_device))
+            say(f"deep seed {seed}: test loss {res['deep'][-1]['test_loss']:.4f} ({res['deep'][-1]['seconds']:.0f} s)")
+        lap("deep")
+    if args.frames:
+        res["frames"] = [frame_precision_run(run) for run in args.frames]
+        res["frames_summary"] = ratio_interval([f["ratio"] for f in res["frames"]])
+        lap("frames")
+    return res
 
 
 def dynamics_main(args: argparse.Namespace) -> int:

@@ -186,6 +186,8 @@ def test_settle_step_rising_falling_flat_and_relapsing():
     assert dy.settle_step(steps, [1.0, 0.5, 0.05, 0.02, 0.0]) == 200  # falling metric
     assert dy.settle_step(steps, [0.3, 0.3, 0.3, 0.3, 0.3]) == 0
     assert dy.settle_step(steps, [0.0, 0.95, 0.5, 0.96, 1.0]) == 300  # must stay above the line
+    assert dy.settle_step(steps, [1.0, 0.1, 0.01, 0.001, 0.0001]) == 100
+    assert dy.settle_step(steps, [1.0, 0.1, 0.01, 0.001, 0.0001], log=True) == 400  # decades of progress
 
 
 def test_frame_metrics_on_known_inputs():
@@ -269,3 +271,13 @@ def test_dissociation_and_ratio_interval():
     assert d["frame_step"] == 100 and d["precision_step"] == 800 and d["ratio"] == 8
     iv = dy.ratio_interval([8.0, 6.0, 10.0])
     assert iv["lo"] < iv["geomean"] < iv["hi"] and iv["n"] == 3
+
+
+def test_checkpoint_series_reads_a_windtunnel_run(tmp_path):
+    for step in (50, 100):
+        (tmp_path / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+    (tmp_path / "windtunnel.json").write_text(json.dumps({"config": {"steps": 400}}))
+    assert dy.checkpoint_series(tmp_path) == [(50, tmp_path / "checkpoints" / "step_000050"),
+                                              (100, tmp_path / "checkpoints" / "step_000100"), (400, tmp_path)]
+    with pytest.raises(ValueError, match="fewer than two"):
+        dy.checkpoint_series(tmp_path / "checkpoints")
