@@ -1,0 +1,104 @@
+"""Benchmark: ib.collect on SmolLM2-135M against a bare Hugging Face forward over the same batches.
+
+64 prompts of 24-48 tokens; the two are timed alternately in one process (several repeats) and the median ratio
+printed. Peak RSS is measured in a fresh subprocess that only loads the model and runs ib.collect, so the baseline
+model's memory does not count against it. Targets (issue 2): ratio <= 1.10; peak RSS <= 1.5 x weight bytes + 300 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+N_PROMPTS, MIN_LEN, MAX_LEN = 64, 24, 48
+
+
+def bench_prompts(tokenizer) -> list[list[int]]:
+    """64 token-id prompts of 24-48 tokens cut from the built-in prompt set (deterministic)."""
+    from interp_bayes.prompts import load_prompts
+
+    stream = [t for text in load_prompts("basic")["text"] for t in tokenizer(text)["input_ids"]]
+    out, pos = [], 0
+    for i in range(N_PROMPTS):
+        n = MIN_LEN + (i * 7) % (MAX_LEN - MIN_LEN + 1)
+        out.append(stream[pos:pos + n])
+        pos = (pos + 37) % (len(stream) - MAX_LEN)
+    return out
+
+
+def measure_rss(threads: int) -> dict:
+    """Run in a subprocess: load + collect only; report peak RSS and the weights' bytes."""
+    torch.set_num_threads(threads)
+    import interp_bayes as ib
+
+    model = ib.load_model("smollm2-135m")
+    ib.collect(model, bench_prompts(model.tokenizer), progress=False)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return dict(peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, weight_mb=weight_bytes / 2**20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_only:
+        print(json.dumps(measure_rss(args.threads)))
+        return
+
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM
+
+    import interp_bayes as ib
+    from interp_bayes.extract import length_batches
+
+    model = ib.load_model("smollm2-135m")
+    folder = ib.model_info(model).source
+    baselines = {impl: AutoModelForCausalLM.from_pretrained(folder, attn_implementation=impl).eval()
+                 for impl in ("sdpa", "eager")}
+    prompts = bench_prompts(model.tokenizer)
+    batches = [torch.tensor([prompts[i] for i in idx]) for idx in length_batches(prompts, None)]
+
+    @torch.no_grad()
+    def bare(hf) -> None:
+        for ids in batches:
+            hf(ids, logits_to_keep=1)
+
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    bare(baselines["sdpa"]), ib.collect(model, prompts, progress=False)  # warm-up
+    times: dict[str, list[float]] = {"collect": [], "sdpa": [], "eager": []}
+    for _ in range(args.repeats):  # alternate so drift in machine load hits all three alike
+        times["collect"].append(timed(lambda: ib.collect(model, prompts, progress=False)))
+        for impl, hf in baselines.items():
+            times[impl].append(timed(lambda: bare(hf)))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rss = json.loads(subprocess.run([sys.executable, __file__, "--rss-only", "--threads", str(args.threads)],
+                                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    target_rss = 1.5 * rss["weight_mb"] + 300
+    print(f"prompts {len(prompts)} ({MIN_LEN}-{MAX_LEN} tokens) in {len(batches)} equal-length batches, "
+          f"{args.threads} threads, {args.repeats} repeats")
+    print(f"median seconds: ib.collect {med['collect']:.3f} | bare HF sdpa {med['sdpa']:.3f} | "
+          f"bare HF eager {med['eager']:.3f}")
+    print(f"ratio collect / bare HF (sdpa, the default): {med['collect'] / med['sdpa']:.3f}  (target <= 1.10)")
+    print(f"ratio collect / bare HF (eager, same kernels): {med['collect'] / med['eager']:.3f}")
+    print(f"peak RSS (load + collect, fresh process): {rss['peak_rss_mb']:.0f} MB; weights {rss['weight_mb']:.0f} MB; "
+          f"target <= {target_rss:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Command line: parse, call the library, print. ``interp-bayes --help`` lists the commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import InterpBayesError
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from .config import SweepConfig
+    from .sweep import run_sweep
+
+    base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
+    config = base.override(model=args.model, out=args.out, prompts=args.prompts, layers=args.layers, seed=args.seed,
+                           dtype=args.dtype, device=args.device, batch_size=args.batch_size,
+                           quiet=True if args.quiet else None)
+    run = run_sweep(config)
+    for layer, m in run.metrics["value_manifold"].items():
+        print(f"layer {layer}: PC1 {m['pc1_share']:.1%}, PC1+PC2 {m['pc12_share']:.1%}, "
+              f"Spearman(PC1, entropy) {m['spearman_pc1_entropy']:+.3f} over {m['n_prompts']} prompts")
+    print(f"run folder: {run.folder}")
+
+
+def _models(args: argparse.Namespace) -> None:
+    from .models import list_models
+
+    for spec in list_models():
+        print(f"{spec.alias:14s} {spec.checkpoint:40s} {spec.family:9s} {spec.params:>6s}  {spec.notes}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="interp-bayes", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sweep", help="run the analyses on one model and write a run folder")
+    p.add_argument("--config", help="YAML file of SweepConfig keys; flags override it")
+    p.add_argument("--model", help="registry alias, local HF folder or Hub id (default smollm2-135m)")
+    p.add_argument("--out", help="root folder for runs (default reports)")
+    p.add_argument("--prompts", help="built-in prompt set or JSONL file (default basic)")
+    p.add_argument("--layers", type=int, nargs="+", help="layers to collect, negative from the end (default -1)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
+    p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("models", help="list the registry's model aliases")
+    p.set_defaults(func=_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except InterpBayesError as err:
+        print(f"interp-bayes: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

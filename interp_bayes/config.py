@@ -1,0 +1,62 @@
+"""Run configuration: a dataclass that round-trips through YAML; command-line flags override the YAML."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from .errors import InterpBayesError
+from .models import DEFAULT_MODEL
+
+# fields that do not change any number a run computes, so they do not enter its id
+_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size"}
+
+
+class ConfigError(InterpBayesError, ValueError):
+    """A configuration file or flag the toolkit does not understand."""
+
+
+@dataclass
+class SweepConfig:
+    """What a sweep measures and where it writes. Every field is a YAML key and a ``--flag``."""
+
+    model: str = DEFAULT_MODEL  # registry alias, local HF folder or Hub id
+    out: str = "reports"  # root of run folders
+    prompts: str = "basic"  # built-in prompt set or JSONL path
+    layers: list[int] = field(default_factory=lambda: [-1])  # value layers to collect (negative: from the end)
+    seed: int = 0
+    dtype: str | None = None  # None: float32 up to ~3B parameters, bfloat16 above
+    device: str | None = None
+    batch_size: int | None = None  # None: about 2048 tokens per forward pass
+    quiet: bool = False
+
+    def digest(self) -> str:
+        """Short hash of the fields that determine results: the run id, so a rerun finds its own folder."""
+        d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(asdict(self), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SweepConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"Unknown config key(s) {unknown}; known keys: {sorted(known)}.")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SweepConfig":
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a YAML mapping of config keys.")
+        return cls.from_dict(data)
+
+    def override(self, **flags) -> "SweepConfig":
+        """A copy with every flag that is not None applied."""
+        return SweepConfig.from_dict({**asdict(self), **{k: v for k, v in flags.items() if v is not None}})
