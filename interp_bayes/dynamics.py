@@ -314,37 +314,54 @@ def _log_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, 
     return centre, float(np.exp(lo)), float(np.exp(hi))
 
 
-def sticky_comparison(seeds: Sequence[int] = PAPER_SEEDS, *, T: int = 2000, n_steps: int = 1000, lr: float = 0.01,
-                      lr_value: float = 0.1, record_every: int = 50, dtype: torch.dtype = torch.float32,
-                      progress: Callable[[str], None] | None = None) -> dict:
+def sticky_seed(seed: int, *, T: int = 2000, n_steps: int = 1000, lr: float = 0.01, lr_value: float = 0.1,
+                record_every: int = 50, dtype: torch.dtype = torch.float32) -> dict:
+    """One seed of ``sticky_comparison``: the chain, a fresh chain (seed + 10000), Bayes floors, three trainings."""
+    t0 = time.perf_counter()
+    chain, heldout = sample_sticky(T, seed), sample_sticky(T, seed + 10_000)
+    init = {n: p.to(dtype) for n, p in init_single_head(seed).items()}
+    log_bayes = bayes_predictive(chain)
+    run = {"seed": seed, "entropy_floor": chain.entropy_floor,
+           "bayes_loss": float(-log_bayes.gather(1, chain.targets[:, None]).mean()),
+           "bayes_heldout_loss": float(F.nll_loss(bayes_predictive(heldout), heldout.targets)),
+           "bayes_entropy": float(-(log_bayes.exp() * log_bayes).sum(1).mean())}
+    for method in METHODS:
+        run[method] = train_single_head(chain, method, init, n_steps=n_steps, lr=lr, lr_value=lr_value,
+                                        record_every=record_every, heldout=heldout)
+    run["seconds"] = time.perf_counter() - t0
+    return run
+
+
+def _sticky_worker(seed: int, kwargs: dict) -> dict:
+    torch.set_num_threads(1)
+    return sticky_seed(seed, **kwargs)
+
+
+def sticky_comparison(seeds: Sequence[int] = PAPER_SEEDS, *, jobs: int = 1,
+                      progress: Callable[[str], None] | None = None, **kwargs) -> dict:
     """Run SGD, EM-like and closed-form EM per seed (same data and initial weights) and summarise (float64 stats).
 
-    Per seed the threshold is that seed's SGD final loss; speed-up = ``n_steps / steps_to_reach`` (a method that
-    never reaches it is censored at ``n_steps``, flagged). Also reported: the authors' pooled figure (threshold = mean
-    SGD final loss, speed-up = ``n_steps / mean steps``), a paired t-test of final losses vs SGD, the loss on a fresh
-    chain (seed + 10000), final predictive entropy against H(Y_{t+1}|Y_t) and the exact Bayes filter, and the
-    value-manifold curves.
+    ``kwargs`` go to ``sticky_seed`` (T, n_steps, lr, lr_value, record_every, dtype); ``jobs`` > 1 runs seeds in
+    that many processes (one torch thread each; results identical). Per seed the threshold is that seed's SGD final
+    loss; speed-up = ``n_steps / steps_to_reach`` (a method that never reaches it is censored at ``n_steps``,
+    flagged). Also reported: the authors' pooled figure (threshold = mean SGD final loss, speed-up = ``n_steps /
+    mean steps``), a paired t-test of final losses vs SGD, the loss on a fresh chain (seed + 10000), final
+    predictive entropy against H(Y_{t+1}|Y_t) and the exact Bayes filter, and the value-manifold curves.
     """
-    runs = []
-    for seed in seeds:
-        t0 = time.perf_counter()
-        chain = sample_sticky(T, seed)
-        init = {n: p.to(dtype) for n, p in init_single_head(seed).items()}
-        heldout = sample_sticky(T, seed + 10_000)
-        log_bayes = bayes_predictive(chain)
-        run = {"seed": seed, "entropy_floor": chain.entropy_floor,
-               "bayes_loss": float(-log_bayes.gather(1, chain.targets[:, None]).mean()),
-               "bayes_heldout_loss": float(F.nll_loss(bayes_predictive(heldout), heldout.targets)),
-               "bayes_entropy": float(-(log_bayes.exp() * log_bayes).sum(1).mean())}
-        for method in METHODS:
-            run[method] = train_single_head(chain, method, init, n_steps=n_steps, lr=lr, lr_value=lr_value,
-                                            record_every=record_every, heldout=heldout)
-        run["seconds"] = time.perf_counter() - t0
-        runs.append(run)
+    def report(run: dict) -> dict:
         if progress:
-            progress(f"seed {seed}: " + ", ".join(f"{m} {run[m]['final_loss']:.4f}" for m in METHODS)
+            progress(f"seed {run['seed']}: " + ", ".join(f"{m} {run[m]['final_loss']:.4f}" for m in METHODS)
                      + f" ({run['seconds']:.0f} s)")
-    return summarise_sticky(runs, n_steps)
+        return run
+
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            runs = [report(r) for r in pool.map(_sticky_worker, seeds, [kwargs] * len(seeds))]
+    else:
+        runs = [report(sticky_seed(seed, **kwargs)) for seed in seeds]
+    return summarise_sticky(runs, kwargs.get("n_steps", 1000))
 
 
 def summarise_sticky(runs: list[dict], n_steps: int) -> dict:
@@ -653,6 +670,7 @@ def add_dynamics_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--deep-seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
     parser.add_argument("--deep-device", default="cpu", help="device for the deep variant (cuda recommended)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for the sticky seeds (one thread each)")
     parser.add_argument("--frames", type=Path, nargs="+", default=[],
                         help="wind-tunnel run folders (one per seed): frame-precision curves and dissociation ratio")
     parser.add_argument("--frames-only", action="store_true", help="skip the laws and the sticky chain")
@@ -762,7 +780,7 @@ def run_dynamics(args: argparse.Namespace) -> dict:
         lap("laws")
         say(f"gradient laws: worst relative error {max(max(v.values()) for v in res['laws'].values()):.1e}")
         res["sticky"] = sticky_comparison(args.seeds, T=args.T, n_steps=args.steps, record_every=args.record_every,
-                                          progress=say)
+                                          jobs=args.jobs, progress=say)
         lap("sticky")
     if args.deep:
         res["deep"] = []

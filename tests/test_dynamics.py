@@ -163,6 +163,14 @@ def test_sticky_comparison_summary():
     json.dumps(s)  # tidy: plain JSON
 
 
+def test_sticky_comparison_in_processes_gives_the_same_numbers():
+    kw = dict(T=80, n_steps=6, record_every=3)
+    one, two = dy.sticky_comparison([1, 2], **kw), dy.sticky_comparison([1, 2], jobs=2, **kw)
+    assert [r["seed"] for r in two["per_seed"]] == [1, 2]
+    for a, b in zip(one["per_seed"], two["per_seed"]):
+        assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+
+
 def test_log_interval_brackets_the_geometric_mean():
     centre, lo, hi = dy._log_interval([2.0, 2.5, 3.0, 2.2, 2.8])
     assert lo < centre < hi and centre == pytest.approx(math.exp(sum(map(math.log, [2.0, 2.5, 3.0, 2.2, 2.8])) / 5))
