@@ -21,11 +21,25 @@ from .errors import NonFiniteActivationError, PromptError
 from .models import model_info
 
 LN2 = math.log(2.0)
-# reading -> TransformerLens hook name; shapes at the final position after flattening the head axes
+
+
+def _final_flat(act: torch.Tensor) -> torch.Tensor:
+    """[batch, pos, ...] -> the final position with head axes flattened: [batch, dim]."""
+    return act[:, -1].reshape(act.shape[0], -1)
+
+
+def _final_query_entropy(pattern: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, q, k] attention -> entropy in bits of each head's final-query row: [batch, heads]."""
+    p = pattern[:, :, -1].float()
+    return -torch.special.xlogy(p, p).sum(-1) / LN2
+
+
+# reading -> (TransformerLens hook name, reduction to one row per prompt)
 HOOKS = {
-    "v": "blocks.{layer}.attn.hook_v",  # [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
-    "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, n_heads, d_head]    -> n_heads * d_head
-    "resid": "blocks.{layer}.hook_resid_post",  # [batch, pos, d_model]
+    "v": ("blocks.{layer}.attn.hook_v", _final_flat),  # [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
+    "z": ("blocks.{layer}.attn.hook_z", _final_flat),  # [batch, pos, n_heads, d_head] -> n_heads * d_head
+    "resid": ("blocks.{layer}.hook_resid_post", _final_flat),  # [batch, pos, d_model]
+    "attn_entropy": ("blocks.{layer}.attn.hook_pattern", _final_query_entropy),  # -> n_heads, bits
 }
 TOKENS_PER_BATCH = 2048  # automatic batch size: about this many tokens per forward pass
 
@@ -194,7 +208,8 @@ def collect(
     """Run ``prompts`` through ``model`` and keep final-token readings and the next-token entropy.
 
     readings: any of ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
-    concatenated) and ``"resid"`` (residual stream after the block). ``label_tokens`` renormalises the next-token
+    concatenated), ``"resid"`` (residual stream after the block) and ``"attn_entropy"`` (entropy in bits of each
+    query head's attention from the final token). ``label_tokens`` renormalises the next-token
     distribution over those ids (e.g. the two labels of an in-context task) for the entropy.
     """
     from tqdm.auto import tqdm
@@ -218,11 +233,13 @@ def collect(
     current: dict[tuple[str, int], torch.Tensor] = {}
 
     def keep_last(name: str, layer: int):
+        reduce = HOOKS[name][1]
+
         def hook(act: torch.Tensor, hook) -> None:  # returns None: observes, never edits
-            current[(name, layer)] = act[:, -1].reshape(act.shape[0], -1).detach().to("cpu", torch.float32)
+            current[(name, layer)] = reduce(act.detach()).to("cpu", torch.float32)
         return hook
 
-    fwd_hooks = [(HOOKS[name].format(layer=layer), keep_last(name, layer)) for name in readings for layer in layer_idx]
+    fwd_hooks = [(HOOKS[name][0].format(layer=layer), keep_last(name, layer)) for name in readings for layer in layer_idx]
     batches = list(length_batches(token_ids, batch_size))
     bar = tqdm(total=n, desc="collect", unit="prompt", disable=not progress)
     with model.hooks(fwd_hooks=fwd_hooks):

@@ -1,33 +1,105 @@
-"""Geometry of value vectors: PCA shares and rank correlations (statistics in float64)."""
+"""Geometry of value vectors, keys and attention, each number beside an empirical null and an interval.
+
+Statistics are float64 numpy. PCA is of the *standardised* values (each coordinate z-scored across prompts), as in
+Paper III; with n prompts far fewer than d coordinates the share a random cloud puts on PC1 is set by n, not d, so
+every share is reported beside two empirical nulls (methods.md §3.6):
+
+- ``permuted``: each coordinate shuffled independently across prompts (keeps every marginal, breaks covariance);
+- ``gaussian``: independent Gaussian coordinates with the data's per-coordinate variances and the same n and d
+  (after standardisation, an isotropic cloud): the share expected from sampling noise alone.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 from scipy import stats
 
+CI_LEVEL = 0.95
 
-def _as_f64(x) -> np.ndarray:
-    return x.double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
+
+def as_float64(x) -> np.ndarray:
+    return x.double().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
 
 
 def standardise(x) -> np.ndarray:
-    """Each column to zero mean and unit variance across prompts; constant columns are left at zero."""
-    x = _as_f64(x)
+    """Each column to zero mean and unit variance across rows; constant columns are left at zero."""
+    x = as_float64(x)
     sd = x.std(axis=0, ddof=1)
     return (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
 
 
 def pca(x, *, standardize: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(explained-variance ratios, components [k, d], scores [n, k]) of the rows of ``x`` via SVD."""
-    x = standardise(x) if standardize else _as_f64(x) - _as_f64(x).mean(axis=0)
+    x = standardise(x) if standardize else as_float64(x) - as_float64(x).mean(axis=0)
     _, s, vt = np.linalg.svd(x, full_matrices=False)
     var = s**2
     return var / var.sum(), vt, x @ vt.T
 
 
+def spectrum(x, *, standardize: bool = True) -> np.ndarray:
+    """Eigenvalues of the (standardised) covariance, descending; via the n x n Gram matrix when d > n (fast)."""
+    x = standardise(x) if standardize else as_float64(x) - as_float64(x).mean(axis=0)
+    gram = x @ x.T if x.shape[1] > x.shape[0] else x.T @ x
+    ev = np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
+    return ev / (x.shape[0] - 1)
+
+
+def shares(ev: np.ndarray) -> tuple[float, float]:
+    """PC1 and PC1+PC2 shares of a spectrum."""
+    total = ev.sum()
+    return float(ev[0] / total), float(ev[:2].sum() / total)
+
+
+def participation_ratio(ev: np.ndarray, top: int | None = None) -> float:
+    """(sum lambda)^2 / sum lambda^2: the effective number of dimensions (``top`` keeps the leading eigenvalues)."""
+    ev = ev[:top] if top else ev
+    return float(ev.sum() ** 2 / (ev**2).sum())
+
+
+def _interval(samples: np.ndarray) -> list[float]:
+    a = (1 - CI_LEVEL) / 2
+    return [float(np.quantile(samples, a)), float(np.quantile(samples, 1 - a))]
+
+
+def bootstrap_shares(x, *, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Bootstrap over prompts (rows) of the PC1 and PC1+PC2 shares: mean and 95% percentile interval."""
+    x = as_float64(x)
+    rng = np.random.default_rng(seed)
+    out = np.array([shares(spectrum(x[rng.integers(0, len(x), len(x))])) for _ in range(n_boot)])
+    return dict(pc1_mean=float(out[:, 0].mean()), pc1_ci=_interval(out[:, 0]),
+                pc12_mean=float(out[:, 1].mean()), pc12_ci=_interval(out[:, 1]), n_boot=n_boot)
+
+
+def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0) -> dict:
+    """PC1 and PC1+PC2 shares of null clouds matched to ``x`` (see the module docstring): mean and 95% range."""
+    x = as_float64(x)
+    rng = np.random.default_rng(seed)
+    n, d = x.shape
+    sd = x.std(axis=0, ddof=1)
+
+    def draw() -> np.ndarray:
+        if kind == "permuted":
+            return np.take_along_axis(x, rng.permuted(np.tile(np.arange(n)[:, None], (1, d)), axis=0), axis=0)
+        if kind == "gaussian":
+            return rng.standard_normal((n, d)) * sd
+        raise ValueError(f"Unknown null kind '{kind}'; choose 'permuted' or 'gaussian'.")
+
+    out = np.array([shares(spectrum(draw())) for _ in range(n_draws)])
+    return dict(kind=kind, pc1_mean=float(out[:, 0].mean()), pc1_range=_interval(out[:, 0]),
+                pc12_mean=float(out[:, 1].mean()), pc12_range=_interval(out[:, 1]), n_draws=n_draws)
+
+
+def correlations(a, b) -> dict:
+    """Pearson r and Spearman rho of two 1-D arrays."""
+    a, b = as_float64(a), as_float64(b)
+    return dict(pearson=float(stats.pearsonr(a, b).statistic), spearman=float(stats.spearmanr(a, b).statistic))
+
+
 def spearman(a, b) -> float:
-    return float(stats.spearmanr(_as_f64(a), _as_f64(b)).statistic)
+    return correlations(a, b)["spearman"]
 
 
 def manifold_summary(values, entropy) -> dict:
@@ -35,4 +107,74 @@ def manifold_summary(values, entropy) -> dict:
     ratios, _, scores = pca(values)
     return dict(pc1_share=float(ratios[0]), pc12_share=float(ratios[:2].sum()),
                 spearman_pc1_entropy=spearman(scores[:, 0], entropy), n_prompts=int(len(scores)),
-                dim=int(_as_f64(values).shape[1]))
+                dim=int(as_float64(values).shape[1]))
+
+
+def manifold_report(values, entropy, *, bayes_entropy=None, n_boot: int = 1000, n_null: int = 200,
+                    seed: int = 0) -> dict:
+    """Everything Paper III measures on one value cloud, with intervals and nulls.
+
+    PC sign is arbitrary: correlations are reported with PC1 oriented so that its Pearson r with ``entropy`` is
+    non-negative, and magnitudes are what compare across models.
+    """
+    x = as_float64(values)
+    ev = spectrum(x)
+    pc1, pc12 = shares(ev)
+    _, _, scores = pca(x)
+    score = scores[:, 0]
+    corr = correlations(score, entropy)
+    if corr["pearson"] < 0:
+        score, corr = -score, correlations(-score, entropy)
+    out = dict(
+        n_prompts=int(x.shape[0]), dim=int(x.shape[1]), pc1_share=pc1, pc12_share=pc12,
+        bootstrap=bootstrap_shares(x, n_boot=n_boot, seed=seed),
+        nulls={k: null_shares(x, k, n_draws=n_null, seed=seed) for k in ("permuted", "gaussian")},
+        participation_ratio=participation_ratio(ev), participation_ratio_top10=participation_ratio(ev, 10),
+        pc1_vs_entropy=corr, pc1_score=score.tolist(),
+    )
+    if bayes_entropy is not None:
+        out["pc1_vs_bayes_entropy"] = correlations(score, bayes_entropy)
+    return out
+
+
+def key_orthogonality(model) -> np.ndarray:
+    """Paper III's key-frame score per layer and key/value head, [n_layers, n_kv_heads].
+
+    For each head the d_head columns of W_K (in R^d_model) are normalised; the score is the mean |cosine| over
+    off-diagonal column pairs. Lower is more orthogonal.
+    """
+    out = []
+    for block in model.blocks:
+        w = block.attn.W_K.detach().double().cpu()  # [n_kv, d_model, d_head]
+        out.append(_mean_abs_offdiag_cos(w.numpy()))
+    return np.stack(out)
+
+
+def _mean_abs_offdiag_cos(w: np.ndarray) -> np.ndarray:
+    """[heads, d, k] -> mean |cos| between the k columns of each head: [heads]."""
+    cols = w / np.linalg.norm(w, axis=1, keepdims=True)
+    gram = np.abs(np.einsum("hdi,hdj->hij", cols, cols))
+    k = w.shape[2]
+    return (gram.sum(axis=(1, 2)) - np.trace(gram, axis1=1, axis2=2)) / (k * (k - 1))
+
+
+def key_orthogonality_null(d_model: int, d_head: int, *, n_draws: int = 200, seed: int = 0) -> dict:
+    """The same score for Gaussian W_K of the same shape: the empirical mean and 95% range, and the analytic
+    large-d value sqrt(2 / (pi d_model)) (the right dimension for column cosines in R^d_model)."""
+    rng = np.random.default_rng(seed)
+    draws = _mean_abs_offdiag_cos(rng.standard_normal((n_draws, d_model, d_head)))
+    return dict(mean=float(draws.mean()), range=_interval(draws), analytic=math.sqrt(2 / (math.pi * d_model)))
+
+
+def attention_focusing(attn_entropy: dict[int, torch.Tensor], *, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Per-layer attention entropy of the final query (bits), averaged over heads after taking entropies, then
+    over prompts, with bootstrap intervals over prompts; and the reduction from the first to the last layer."""
+    layers = sorted(attn_entropy)
+    per_prompt = np.stack([as_float64(attn_entropy[layer]).mean(axis=1) for layer in layers])  # [layers, n]
+    rng = np.random.default_rng(seed)
+    n = per_prompt.shape[1]
+    boot = np.stack([per_prompt[:, rng.integers(0, n, n)].mean(axis=1) for _ in range(n_boot)])  # [B, layers]
+    mean = per_prompt.mean(axis=1)
+    reduction = (boot[:, 0] - boot[:, -1]) / boot[:, 0]
+    return dict(layers=layers, mean_entropy=mean.tolist(), ci=[_interval(boot[:, i]) for i in range(len(layers))],
+                reduction=float((mean[0] - mean[-1]) / mean[0]), reduction_ci=_interval(reduction))

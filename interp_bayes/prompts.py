@@ -54,3 +54,22 @@ def load_hf_prompts(dataset: str, *, split: str = "train", text_column: str = "t
                           "pass text_column=.")
     rows = [dict(text=t, domain=domain or dataset, source=dataset) for t in ds[text_column] if t]
     return _rows_to_dataset(rows, dataset)
+
+
+def stratified_sample(entropy, *, per_bin: int = 15, n_bins: int = 5, seed: int = 0) -> list[int]:
+    """Indices of ``per_bin`` prompts drawn without replacement from each entropy quantile bin (Paper III: 15 per
+    quintile, 75 prompts), sorted. Bins are the pool's own quantiles, so every bin holds about len/n_bins prompts."""
+    import numpy as np
+
+    h = np.asarray(entropy, dtype=np.float64)
+    edges = np.quantile(h, np.linspace(0, 1, n_bins + 1))
+    bins = np.clip(np.searchsorted(edges, h, side="right") - 1, 0, n_bins - 1)
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(n_bins):
+        members = np.flatnonzero(bins == b)
+        if len(members) < per_bin:
+            raise PromptError(f"Entropy bin {b + 1} of {n_bins} holds {len(members)} prompts, fewer than {per_bin}; "
+                              "use a larger pool or a smaller per_bin.")
+        out.extend(rng.choice(members, size=per_bin, replace=False).tolist())
+    return sorted(out)

@@ -1,0 +1,119 @@
+"""The entropy axis: one unit direction in a layer's value space along which projection tracks predictive entropy.
+
+Two fits on the final-token value vectors (``[n_prompts, n_kv_heads * d_head]``):
+
+- ``pc1``: PC1 of the standardised values (Paper III's u_ent), carried back to raw value space;
+- ``ridge``: a ridge regression of entropy on the standardised values (cross-validated penalty), carried back.
+
+A direction w found in standardised coordinates reads the score s(v) = w . (v - mean) / sd; in raw value space the
+same readout is the unit vector u = (w / sd) / |w / sd|, so v . u is an affine function of s(v) and cutting u from v
+makes s constant. That raw-space u is what interventions act on (the authors applied the standardised PC1 to raw
+values directly, mixing the two spaces).
+
+The sign is oriented so that projection grows with the entropy the axis was fitted against. Besides the in-sample
+correlation, ``folds``-fold cross-fitting gives a held-out one: each fold's projections come from an axis fitted on
+the other folds (the authors fitted and evaluated on the same prompts).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .geometry import as_float64, correlations, pca
+
+METHODS = ("pc1", "ridge")
+
+
+def _fit_direction(x: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
+    """Unit direction in raw value space for rows ``x`` and entropies ``y``, oriented so projection grows with y."""
+    mean, sd = x.mean(axis=0), x.std(axis=0, ddof=1)
+    sd = np.where(sd > 0, sd, 1.0)
+    if method == "pc1":
+        _, comps, _ = pca(x)
+        w = comps[0]
+    elif method == "ridge":
+        from sklearn.linear_model import RidgeCV
+
+        w = RidgeCV(alphas=np.logspace(-3, 4, 15)).fit((x - mean) / sd, y).coef_
+    else:
+        raise ValueError(f"Unknown axis method '{method}'; choose one of {', '.join(METHODS)}.")
+    u = w / sd
+    u /= np.linalg.norm(u)
+    if np.corrcoef(x @ u, y)[0, 1] < 0:
+        u = -u
+    return u
+
+
+@dataclass
+class EntropyAxis:
+    """A fitted entropy axis of one layer, with its statistics and provenance."""
+
+    direction: torch.Tensor  # [dim] float32 unit vector in raw value space
+    layer: int
+    method: str
+    sigma: float  # std of v . u over the fit prompts (the unit of AxisShift)
+    in_sample: dict  # pearson / spearman of v . u with entropy on the fit prompts
+    held_out: dict | None  # the same from cross-fitting (None when folds < 2)
+    provenance: dict = field(default_factory=dict)
+
+    def project(self, values: torch.Tensor) -> torch.Tensor:
+        """v . u for each row of ``values`` ([n, dim] -> [n])."""
+        return values.to(self.direction.dtype) @ self.direction
+
+    def save(self, path: str | Path) -> Path:
+        """``path/axis.safetensors`` (direction) and ``path/axis.json`` (everything else), atomically."""
+        import safetensors.torch
+
+        from .store import atomic_write_bytes, write_json
+
+        path = Path(path)
+        atomic_write_bytes(path / "axis.safetensors", safetensors.torch.save({"direction": self.direction.contiguous()}))
+        meta = {k: v for k, v in asdict(self).items() if k != "direction"}
+        write_json(path / "axis.json", meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EntropyAxis":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        meta = json.loads((path / "axis.json").read_text())
+        return cls(direction=load_file(path / "axis.safetensors")["direction"], **meta)
+
+
+def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int = 5, entropy=None,
+                     subset=None, seed: int = 0) -> EntropyAxis:
+    """Fit the entropy axis of ``layer`` from ``Activations`` (value reading).
+
+    entropy: the target, default the model's own predictive entropy (``acts.entropy``); pass Bayes entropy to fit
+    against the exact posterior. subset: indices of the prompts to fit on (the rest stay untouched, for
+    cross-fitting against an evaluation set). folds: K for the held-out correlation (K >= 2; 0 or 1 skips it).
+    """
+    x_all = as_float64(acts.values(layer))
+    y_all = as_float64(acts.entropy if entropy is None else entropy)
+    idx = np.arange(len(x_all)) if subset is None else np.asarray(subset)
+    x, y = x_all[idx], y_all[idx]
+    u = _fit_direction(x, y, method)
+    proj = x @ u
+    held_out = None
+    if folds and folds >= 2:
+        if folds > len(x):
+            raise ValueError(f"folds={folds} exceeds the {len(x)} fit prompts; use fewer folds.")
+        order = np.random.default_rng(seed).permutation(len(x))
+        out = np.empty(len(x))
+        for part in np.array_split(order, folds):
+            train = np.setdiff1d(order, part)
+            out[part] = x[part] @ _fit_direction(x[train], y[train], method)
+        held_out = dict(correlations(out, y), folds=folds)
+    layer_idx = acts.layer_index(layer)
+    provenance = dict(model=acts.meta.get("model"), layer=layer_idx, prompt_digest=acts.meta.get("prompt_digest"),
+                      n_fit=int(len(idx)), fit_indices=idx.tolist(), target="model entropy" if entropy is None
+                      else "given entropy", seed=seed)
+    return EntropyAxis(direction=torch.tensor(u, dtype=torch.float32), layer=layer_idx, method=method,
+                       sigma=float(proj.std(ddof=1)), in_sample=correlations(proj, y), held_out=held_out,
+                       provenance=provenance)

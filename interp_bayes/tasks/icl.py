@@ -1,0 +1,133 @@
+"""SULA, the in-context task of Paper III (methods.md §3.7), with its exact posterior and controls.
+
+A prompt lists k examples ``"w1: L, w2: L, ..., wk: L. q:"`` where each w is a decorative sentiment word and each
+L one of two nonsense label words. A latent label y is uniform over the pair; every example's label equals y with
+probability ``alpha`` (0.9), independently. The Bayes posterior after n1 labels L1 and n2 labels L2 is
+
+    P(y = L1 | D) = alpha^n1 (1-alpha)^n2 / (alpha^n1 (1-alpha)^n2 + alpha^n2 (1-alpha)^n1)
+
+and the model's prediction is its next-token distribution renormalised over the two label tokens.
+
+Conditions (Paper III §5.2, with the evidence ablation done right):
+- ``main``: as above;
+- ``remap``: another label pair, same posteriors (lexical control);
+- ``shuffled``: each example's label an independent fair coin, so the labels carry no evidence: H_Bayes = 1 bit;
+- ``label_masked``: the labels, which carry all the evidence, replaced by a mask word: H_Bayes = 1 bit;
+- ``carrier_masked``: the paper's ablation, masking the carrier words, which carry no evidence: posterior unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from interp_bayes.tasks.base import as_rng
+
+LABEL_CANDIDATES = ("dax", "lug", "mip", "zorb", "wug", "kep", "tuv", "gax")
+POSITIVE = ("happy", "joyful", "bright", "kind", "gentle", "brave", "calm", "cheerful", "warm", "lovely", "proud",
+            "hopeful", "eager", "grateful", "honest", "lucky", "merry", "noble", "polite", "lively", "sunny", "sweet",
+            "tender", "witty", "charming", "clever", "delightful", "fresh", "generous", "glad", "graceful", "jolly",
+            "loyal", "peaceful", "radiant")
+NEGATIVE = ("sad", "angry", "gloomy", "cruel", "harsh", "cowardly", "tense", "bitter", "cold", "ugly", "ashamed",
+            "hopeless", "lazy", "rude", "dishonest", "unlucky", "miserable", "mean", "nasty", "grumpy", "stormy", "sour",
+            "rough", "dull", "awkward", "foolish", "dreadful", "stale", "greedy", "upset", "clumsy", "grim", "fickle",
+            "anxious", "dark")
+CARRIERS = POSITIVE + NEGATIVE  # 70 distinct words
+MASK = "[MASK]"
+CONDITIONS = ("main", "remap", "shuffled", "label_masked", "carrier_masked")
+
+
+def posterior_label1(n1: np.ndarray | int, n2: np.ndarray | int, alpha: float = 0.9) -> np.ndarray:
+    """P(y = L1 | n1 labels L1, n2 labels L2), computed in log-odds form (stable for any counts)."""
+    log_odds = (np.asarray(n1) - np.asarray(n2)) * (math.log(alpha) - math.log1p(-alpha))
+    return 1.0 / (1.0 + np.exp(-log_odds))
+
+
+def binary_entropy_bits(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+    return np.nan_to_num(h, nan=0.0)
+
+
+def single_token_words(tokenizer, candidates=LABEL_CANDIDATES, n: int = 4) -> list[str]:
+    """The first ``n`` candidate words that are one token with a leading space, then consonant-vowel-consonant
+    fallbacks; the leading space is part of the token because labels follow ': '."""
+    found = [w for w in candidates if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1]
+    if len(found) < n:
+        cons, vows = "bdfgklmnprstvz", "aeiou"
+        for word in (a + b + c for a in cons for b in vows for c in cons):
+            if word not in found and len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1:
+                found.append(word)
+            if len(found) >= n:
+                break
+    if len(found) < n:
+        raise ValueError(f"Found only {len(found)} single-token label words in this tokenizer; pass labels= explicitly.")
+    return found[:n]
+
+
+@dataclass(frozen=True)
+class SULATask:
+    """Generator of SULA prompt sets; 50 prompts for each k in (0, 1, 2, 4, 8) by default, as the authors' code."""
+
+    labels: tuple[str, str] = ("dax", "lug")
+    remap_labels: tuple[str, str] = ("mip", "zorb")
+    alpha: float = 0.9
+    ks: tuple[int, ...] = (0, 1, 2, 4, 8)
+    per_k: int = 50
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, **kw) -> "SULATask":
+        """Pick two label pairs that are single tokens in ``tokenizer``."""
+        words = single_token_words(tokenizer)
+        return cls(labels=(words[0], words[1]), remap_labels=(words[2], words[3]), **kw)
+
+    def label_token_ids(self, tokenizer, condition: str = "main") -> list[int]:
+        """Token ids of the two labels (with their leading space) the model's entropy is renormalised over."""
+        pair = self.remap_labels if condition == "remap" else self.labels
+        ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"] for w in pair]
+        if any(len(i) != 1 for i in ids):
+            raise ValueError(f"Labels {pair} are not single tokens in this tokenizer; use SULATask.for_tokenizer().")
+        return [i[0] for i in ids]
+
+    def generate(self, condition: str = "main", seed: int = 42) -> dict[str, list]:
+        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, condition) of one prompt set.
+
+        The draws (latent, carriers, example labels) depend only on ``seed``, not on the condition, so the
+        conditions are paired prompt by prompt.
+        """
+        if condition not in CONDITIONS:
+            raise ValueError(f"Unknown SULA condition '{condition}'; choose from {', '.join(CONDITIONS)}.")
+        rng = as_rng(seed)
+        pair = self.remap_labels if condition == "remap" else self.labels
+        cols: dict[str, list] = {c: [] for c in ("text", "k", "n1", "n2", "latent", "p_label1", "bayes_entropy",
+                                                 "condition")}
+        for k in self.ks:
+            for _ in range(self.per_k):
+                latent = int(rng.integers(2))
+                words = rng.choice(len(CARRIERS), size=k + 1, replace=False)
+                agree = rng.random(k) < self.alpha
+                coin = rng.integers(2, size=k)  # used by the shuffled condition only, drawn always (pairing)
+                idx = coin if condition == "shuffled" else np.where(agree, latent, 1 - latent)
+                n1 = int((idx == 0).sum())
+                if condition in ("shuffled", "label_masked"):
+                    p1 = 0.5  # labels independent of y, or hidden: the prior
+                else:
+                    p1 = float(posterior_label1(n1, k - n1, self.alpha))
+                shown = [MASK if condition == "label_masked" else pair[i] for i in idx]
+                carriers = [MASK if condition == "carrier_masked" else CARRIERS[w] for w in words[:k]]
+                examples = ", ".join(f"{c}: {lab}" for c, lab in zip(carriers, shown))
+                query = CARRIERS[words[k]]
+                cols["text"].append(f"{examples}. {query}:" if k else f"{query}:")
+                for key, val in (("k", k), ("n1", n1), ("n2", k - n1), ("latent", latent), ("p_label1", p1),
+                                 ("bayes_entropy", float(binary_entropy_bits(p1))), ("condition", condition)):
+                    cols[key].append(val)
+        return cols
+
+    def dataset(self, condition: str = "main", seed: int = 42):
+        """The prompt set as a ``datasets.Dataset``."""
+        from datasets import Dataset
+
+        return Dataset.from_dict(self.generate(condition, seed))

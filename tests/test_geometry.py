@@ -1,0 +1,114 @@
+"""Geometry statistics on synthetic data with known answers, and on tiny models against direct computation."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from interp_bayes.extract import collect
+from interp_bayes.geometry import (attention_focusing, bootstrap_shares, key_orthogonality, key_orthogonality_null,
+                                   manifold_report, null_shares, participation_ratio, shares, spectrum)
+
+
+def planted(n=300, d=40, a=3.0, noise=1.0, seed=0):
+    """Rows = y * a * u + isotropic noise, with u of equal-magnitude entries (so every column has the same sd)."""
+    rng = np.random.default_rng(seed)
+    u = rng.choice([-1.0, 1.0], size=d) / math.sqrt(d)
+    y = rng.standard_normal(n)
+    return np.outer(y, a * u) + noise * rng.standard_normal((n, d)), y, u
+
+
+def population_shares(d, a, noise):
+    cov = a**2 / d * np.ones((d, d)) + noise**2 * np.eye(d)  # |u_j| = 1/sqrt(d), random signs are a similarity
+    sd = np.sqrt(np.diag(cov))
+    ev = np.linalg.eigvalsh(cov / np.outer(sd, sd))[::-1]
+    return shares(ev)
+
+
+def test_spectrum_matches_numpy_covariance_both_ways():
+    x, _, _ = planted(n=30, d=50)  # d > n uses the Gram matrix
+    z = (x - x.mean(0)) / x.std(0, ddof=1)
+    ref = np.sort(np.linalg.eigvalsh(np.cov(z, rowvar=False)))[::-1][:29]
+    np.testing.assert_allclose(spectrum(x)[:29], ref, rtol=1e-9, atol=1e-9)
+    x2, _, _ = planted(n=200, d=10)
+    z2 = (x2 - x2.mean(0)) / x2.std(0, ddof=1)
+    np.testing.assert_allclose(spectrum(x2), np.sort(np.linalg.eigvalsh(np.cov(z2, rowvar=False)))[::-1], rtol=1e-9)
+
+
+def test_participation_ratio_extremes():
+    assert participation_ratio(np.ones(7)) == pytest.approx(7.0)
+    assert participation_ratio(np.array([5.0, 0, 0])) == pytest.approx(1.0)
+    assert participation_ratio(np.array([4.0, 3, 2, 1]), top=2) == pytest.approx(49 / 25)
+
+
+def test_bootstrap_interval_covers_the_population_share():
+    d, a, noise = 10, 2.0, 1.0
+    truth = population_shares(d, a, noise)[0]
+    covered = []
+    for rep in range(40):
+        x, _, _ = planted(n=400, d=d, a=a, noise=noise, seed=100 + rep)
+        lo, hi = bootstrap_shares(x, n_boot=200, seed=rep)["pc1_ci"]
+        covered.append(lo <= truth <= hi)
+    assert np.mean(covered) >= 0.8, np.mean(covered)
+
+
+def test_nulls_match_structureless_data_and_reject_planted_structure():
+    rng = np.random.default_rng(3)
+    noise = rng.standard_normal((75, 192)) * rng.uniform(0.5, 3.0, size=192)
+    perm, gauss = null_shares(noise, "permuted", n_draws=100), null_shares(noise, "gaussian", n_draws=100)
+    pc1 = shares(spectrum(noise))[0]
+    assert perm["pc1_range"][0] <= pc1 <= perm["pc1_range"][1]
+    assert abs(perm["pc1_mean"] - gauss["pc1_mean"]) < 0.01
+    assert 1 / 192 < gauss["pc1_mean"] < 0.1  # set by n = 75, far above 1/d
+    x, _, _ = planted(n=75, d=192, a=12.0)  # population PC1 share about 0.43
+    assert shares(spectrum(x))[0] > null_shares(x, "permuted", n_draws=50)["pc1_range"][1] + 0.2
+
+
+def test_manifold_report_orients_pc1_with_entropy():
+    x, y, _ = planted(n=120, d=30)
+    rep = manifold_report(x, y, bayes_entropy=y + 0.01, n_boot=50, n_null=20)
+    assert rep["pc1_vs_entropy"]["pearson"] > 0.9 and rep["pc1_vs_bayes_entropy"]["spearman"] > 0.9
+    assert rep["pc1_share"] > rep["nulls"]["gaussian"]["pc1_range"][1]
+    assert len(rep["pc1_score"]) == 120
+
+
+def test_key_orthogonality_against_direct_loop(tiny):
+    bridge, _, _ = tiny
+    scores = key_orthogonality(bridge)
+    n_kv = bridge.cfg.n_key_value_heads or bridge.cfg.n_heads
+    assert scores.shape == (bridge.cfg.n_layers, n_kv)
+    w = bridge.blocks[1].attn.W_K[n_kv - 1].detach().double()  # [d_model, d_head]
+    cols = w / w.norm(dim=0)
+    k = w.shape[1]
+    direct = sum(abs(float(cols[:, i] @ cols[:, j])) for i, j in itertools.permutations(range(k), 2)) / (k * (k - 1))
+    assert scores[1, n_kv - 1] == pytest.approx(direct, rel=1e-12)
+
+
+def test_key_orthogonality_null_near_analytic_and_orthonormal_keys_score_zero(tiny_dirs):
+    from interp_bayes.models import load_model
+
+    null = key_orthogonality_null(512, 16, n_draws=50)
+    assert null["mean"] == pytest.approx(null["analytic"], rel=0.05)
+    bridge = load_model(tiny_dirs["llama3"])
+    with torch.no_grad():  # orthonormal columns in every kv head of layer 0
+        k_proj = bridge.original_model.model.layers[0].self_attn.k_proj
+        q, _ = torch.linalg.qr(torch.randn(64, 48))  # d_model 64, 2 heads x d_head 24
+        k_proj.weight.copy_(q.T)
+    assert np.abs(key_orthogonality(bridge)[0]).max() < 1e-6
+
+
+def test_attention_entropy_reading_and_focusing(tiny):
+    bridge, _, _ = tiny
+    acts = collect(bridge, ["the cat sat on the mat", "hello world 0 1 2 3"], layers=(0, 1),
+                   readings=("attn_entropy",), progress=False)
+    ids = torch.tensor([acts.token_ids[0]])
+    _, cache = bridge.run_with_cache(ids)
+    p = cache["blocks.1.attn.hook_pattern"][0, :, -1].double()  # [heads, k]
+    torch.testing.assert_close(p.sum(-1), torch.ones_like(p[:, 0]))
+    ref = -(p * p.clamp_min(1e-300).log2()).sum(-1)
+    torch.testing.assert_close(acts.reading("attn_entropy", 1)[0].double(), ref, rtol=1e-5, atol=1e-5)
+    foc = attention_focusing({0: torch.tensor([[2.0, 4.0], [2.0, 4.0]]), 5: torch.tensor([[1.0, 2.0], [0.5, 0.5]])},
+                             n_boot=50)
+    assert foc["mean_entropy"] == [3.0, 1.0] and foc["reduction"] == pytest.approx(2 / 3)

@@ -1,0 +1,67 @@
+"""SULA: closed-form posterior vs brute-force enumeration; conditions; label-word choice; stratified sampling."""
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from interp_bayes.prompts import stratified_sample
+from interp_bayes.tasks.icl import CONDITIONS, SULATask, binary_entropy_bits, posterior_label1
+
+
+def brute_force_posterior(labels, alpha):
+    """P(y = 0 | labels) by enumerating the latent and summing the joint."""
+    joint = [0.5 * math.prod(alpha if lab == y else 1 - alpha for lab in labels) for y in (0, 1)]
+    return joint[0] / sum(joint)
+
+
+@pytest.mark.parametrize("alpha", [0.9, 0.7])
+def test_posterior_matches_enumeration(alpha):
+    for k in range(0, 9):
+        for labels in itertools.product((0, 1), repeat=k):
+            n1 = labels.count(0)
+            assert posterior_label1(n1, k - n1, alpha) == pytest.approx(brute_force_posterior(labels, alpha), abs=1e-12)
+
+
+def test_binary_entropy_values():
+    np.testing.assert_allclose(binary_entropy_bits([0.5, 0.9, 1.0, 0.0]), [1.0, 0.4689955935892812, 0.0, 0.0])
+
+
+def test_main_set_shape_and_expected_entropies():
+    cols = SULATask().generate("main", seed=42)
+    assert len(cols["text"]) == 250 and Counter(cols["k"]) == {k: 50 for k in (0, 1, 2, 4, 8)}
+    h = np.array(cols["bayes_entropy"])
+    k = np.array(cols["k"])
+    assert np.all(h[k == 0] == 1.0) and np.allclose(h[k == 1], 0.4689955935892812)
+    assert h[k == 8].mean() < h[k == 2].mean() < h[k == 1].mean()
+    assert cols["text"][0].endswith(":") and ": dax" not in cols["text"][0]  # k = 0: the query alone
+
+
+def test_conditions_are_paired_and_have_the_right_posteriors():
+    task = SULATask()
+    sets = {c: task.generate(c, seed=7) for c in CONDITIONS}
+    main = sets["main"]
+    assert sets["remap"]["bayes_entropy"] == main["bayes_entropy"]
+    assert sets["carrier_masked"]["bayes_entropy"] == main["bayes_entropy"]
+    assert all(h == 1.0 for h in sets["shuffled"]["bayes_entropy"] + sets["label_masked"]["bayes_entropy"])
+    i = 249
+    assert sets["remap"]["text"][i] == main["text"][i].replace("dax", "mip").replace("lug", "zorb")
+    assert "dax" not in sets["label_masked"]["text"][i] and "[MASK]" in sets["label_masked"]["text"][i]
+    assert sets["carrier_masked"]["text"][i].split(". ")[1] == main["text"][i].split(". ")[1]  # same query word
+
+
+def test_label_words_are_single_tokens_in_smollm2(smollm2):
+    task = SULATask.for_tokenizer(smollm2.tokenizer)
+    ids = task.label_token_ids(smollm2.tokenizer) + task.label_token_ids(smollm2.tokenizer, "remap")
+    assert len(set(ids)) == 4
+
+
+def test_stratified_sampling_gives_15_per_quintile():
+    h = np.random.default_rng(0).gamma(2.0, 1.5, size=500)
+    idx = stratified_sample(h, per_bin=15, n_bins=5, seed=1)
+    edges = np.quantile(h, np.linspace(0, 1, 6))
+    bins = np.clip(np.searchsorted(edges, h[idx], side="right") - 1, 0, 4)
+    assert len(idx) == 75 == len(set(idx)) and Counter(bins.tolist()) == {b: 15 for b in range(5)}
+    assert stratified_sample(h, seed=1) == idx and stratified_sample(h, seed=2) != idx
