@@ -12,7 +12,8 @@ Three parts:
    schedule (10x learning rate on W_V), and a closed-form EM-style value update (``closed_form_value_step``), all
    from the same initial weights; ``sticky_comparison`` returns a tidy summary with paired statistics.
 3. **Frame vs precision over training.** Metric curves over a checkpoint series and the step at which each
-   reaches 90% of its final value (``frame_precision_from_checkpoints``, ``settle_step``, ``dissociation``).
+   stays 90% of the way to its final value (``frame_precision_from_checkpoints``, ``settle_step``,
+   ``dissociation``).
 """
 
 from __future__ import annotations
@@ -224,7 +225,8 @@ def closed_form_value_step(mixed_inputs: torch.Tensor, w_o: torch.Tensor, residu
     make each value the responsibility-weighted prototype of the targets it serves (with one-hot attention and free
     values, ``v_j`` is exactly the mean target of the queries routed to it). Because the bound touches the loss at the
     current weights, the loss cannot increase (majorise-minimise, of which EM is a case). Solved by least squares on
-    ``M = alpha x`` (``mixed_inputs``), minimum-norm in directions ``W_O`` cannot see.
+    ``M = alpha x`` (``mixed_inputs``), minimum-norm in directions ``W_O`` cannot see. Unregularised, it fits the
+    training chain through directions of x that attention averages away, so it overfits (docs/dynamics.md).
     """
     m = mixed_inputs.to(torch.float64)
     w = w_o.to(torch.float64)
