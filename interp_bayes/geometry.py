@@ -146,11 +146,11 @@ def key_orthogonality(model) -> np.ndarray:
     out = []
     for block in model.blocks:
         w = block.attn.W_K.detach().double().cpu()  # [n_kv, d_model, d_head]
-        out.append(_mean_abs_offdiag_cos(w.numpy()))
+        out.append(mean_abs_offdiag_cos(w.numpy()))
     return np.stack(out)
 
 
-def _mean_abs_offdiag_cos(w: np.ndarray) -> np.ndarray:
+def mean_abs_offdiag_cos(w: np.ndarray) -> np.ndarray:
     """[heads, d, k] -> mean |cos| between the k columns of each head: [heads]."""
     cols = w / np.linalg.norm(w, axis=1, keepdims=True)
     gram = np.abs(np.einsum("hdi,hdj->hij", cols, cols))
@@ -162,7 +162,7 @@ def key_orthogonality_null(d_model: int, d_head: int, *, n_draws: int = 200, see
     """The same score for Gaussian W_K of the same shape: the empirical mean and 95% range, and the analytic
     large-d value sqrt(2 / (pi d_model)) (the right dimension for column cosines in R^d_model)."""
     rng = np.random.default_rng(seed)
-    draws = _mean_abs_offdiag_cos(rng.standard_normal((n_draws, d_model, d_head)))
+    draws = mean_abs_offdiag_cos(rng.standard_normal((n_draws, d_model, d_head)))
     return dict(mean=float(draws.mean()), range=_interval(draws), analytic=math.sqrt(2 / (math.pi * d_model)))
 
 
