@@ -1,0 +1,44 @@
+"""Float64 measurements shared by the sticky-chain trainings and the frame-precision curves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from scipy import stats
+
+from interp_bayes.geometry import shares, spectrum
+
+
+def entropy_nats(log_probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last axis of a log-probability tensor."""
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def pc1_share(x: torch.Tensor) -> float:
+    """Share of variance on the first principal component of the unstandardised rows (float64)."""
+    ev = spectrum(x, standardize=False)
+    return shares(ev)[0] if ev.sum() > 0 else 0.0
+
+
+def cv_r2(features: torch.Tensor, target: torch.Tensor, seed: int = 0, folds: int = 5) -> float:
+    """Out-of-sample R^2 of a linear fit of ``target`` from ``features`` (k-fold, float64)."""
+    from sklearn.linear_model import LinearRegression
+    from sklearn.model_selection import KFold, cross_val_predict
+
+    xf, yf = features.double().numpy(), target.double().numpy()
+    pred = cross_val_predict(LinearRegression(), xf, yf, cv=KFold(folds, shuffle=True, random_state=seed))
+    ss = float(((yf - yf.mean()) ** 2).sum())
+    return 1.0 - float(((yf - pred) ** 2).sum()) / ss if ss > 0 else 0.0
+
+
+def _log_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean and t-interval of positive ratios over seeds (on the log scale)."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    centre = float(np.exp(logs.mean()))
+    if logs.size < 2 or logs.std(ddof=1) == 0:
+        return centre, centre, centre
+    lo, hi = stats.t.interval(level, logs.size - 1, loc=logs.mean(), scale=stats.sem(logs))
+    return centre, float(np.exp(lo)), float(np.exp(hi))
+
