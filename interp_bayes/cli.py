@@ -10,16 +10,16 @@ from .errors import InterpBayesError
 
 def _sweep(args: argparse.Namespace) -> None:
     from .config import SweepConfig
+    from .report.tables import markdown_summary
     from .sweep import run_sweep
 
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
-    config = base.override(model=args.model, out=args.out, prompts=args.prompts, layers=args.layers, seed=args.seed,
+    config = base.override(model=args.model, out=args.out, prompts=args.prompts, probes=args.probes,
+                           layers=args.layers, seed=args.seed,
                            dtype=args.dtype, device=args.device, batch_size=args.batch_size,
                            quiet=True if args.quiet else None)
     run = run_sweep(config)
-    for layer, m in run.metrics["value_manifold"].items():
-        print(f"layer {layer}: PC1 {m['pc1_share']:.1%}, PC1+PC2 {m['pc12_share']:.1%}, "
-              f"Spearman(PC1, entropy) {m['spearman_pc1_entropy']:+.3f} over {m['n_prompts']} prompts")
+    print(markdown_summary(run.metrics, config.model))
     print(f"run folder: {run.folder}")
 
 
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML file of SweepConfig keys; flags override it")
     p.add_argument("--model", help="registry alias, local HF folder or Hub id (default smollm2-135m)")
     p.add_argument("--out", help="root folder for runs (default reports)")
-    p.add_argument("--prompts", help="built-in prompt set or JSONL file (default basic)")
+    p.add_argument("--prompts", help="prompt pool of the manifold probes: built-in set or JSONL file (default pool)")
+    p.add_argument("--probes", nargs="+", help="probe names (probes/*.yaml) or YAML paths (default: all)")
     p.add_argument("--layers", type=int, nargs="+", help="layers to collect, negative from the end (default -1)")
     p.add_argument("--seed", type=int)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
@@ -46,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
     p.set_defaults(func=_sweep)
+
+    from .dynamics import add_dynamics_arguments, dynamics_main
+
+    p = sub.add_parser("dynamics", help="Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision")
+    add_dynamics_arguments(p)
+    p.set_defaults(func=dynamics_main)
 
     p = sub.add_parser("models", help="list the registry's model aliases")
     p.set_defaults(func=_models)
@@ -55,11 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0
     except InterpBayesError as err:
         print(f"interp-bayes: error: {err}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ class SweepConfig:
 
     model: str = DEFAULT_MODEL  # registry alias, local HF folder or Hub id
     out: str = "reports"  # root of run folders
-    prompts: str = "basic"  # built-in prompt set or JSONL path
-    layers: list[int] = field(default_factory=lambda: [-1])  # value layers to collect (negative: from the end)
+    prompts: str = "pool"  # prompt pool of the manifold and focusing probes: built-in set or JSONL path
+    probes: list[str] | None = None  # probe names (probes/*.yaml) or YAML paths; None: every built-in probe
+    layers: list[int] = field(default_factory=lambda: [-1])  # value layers every probe reads (negative: from the end)
     seed: int = 0
     dtype: str | None = None  # None: float32 up to ~3B parameters, bfloat16 above
     device: str | None = None

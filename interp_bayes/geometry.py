@@ -93,8 +93,10 @@ def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0)
 
 
 def correlations(a, b) -> dict:
-    """Pearson r and Spearman rho of two 1-D arrays."""
+    """Pearson r and Spearman rho of two 1-D arrays (NaN when either is constant)."""
     a, b = as_float64(a), as_float64(b)
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return dict(pearson=float("nan"), spearman=float("nan"))
     return dict(pearson=float(stats.pearsonr(a, b).statistic), spearman=float(stats.spearmanr(a, b).statistic))
 
 

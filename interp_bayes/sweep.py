@@ -1,7 +1,11 @@
-"""The sweep runner: one model, cached stages in a run folder, resumable.
+"""The sweep runner: one model, a list of probes, each a cached stage in a run folder.
 
 A run folder is ``<out>/<model-slug>/<config digest>``, so rerunning the same config lands in the same folder and
-skips every stage whose outputs already exist. The model is loaded only when a stage needs it.
+skips every probe whose ``metrics.json`` exists; activations collected for one probe are cached under ``acts/`` and
+shared with the others. The model is loaded only when something must be computed.
+
+A probe is a YAML recipe (``probes/*.yaml`` or a path): ``kind`` picks the analysis, the other keys are its
+parameters. Kinds: ``manifold``, ``keys``, ``focusing``, ``icl``, ``axis``.
 """
 
 from __future__ import annotations
@@ -10,15 +14,51 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
+import yaml
 
-from .config import SweepConfig
+from .axis import fit_entropy_axis
+from .config import ConfigError, SweepConfig
 from .extract import Activations, collect
-from .geometry import manifold_summary
-from .models import load_model
-from .prompts import load_prompts
+from .geometry import (attention_focusing, correlations, key_orthogonality, key_orthogonality_null,
+                       manifold_report)
+from .models import load_model, model_info
+from .prompts import load_prompts, stratified_sample
 from .store import atomic_write_text, environment, read_json, write_json
+from .tasks.icl import CONDITIONS, SULATask
+
+PROBES_DIR = Path(__file__).resolve().parent.parent / "probes"
+
+
+@dataclass
+class Probe:
+    """A recipe: a name, the kind of analysis and its parameters."""
+
+    name: str
+    kind: str
+    params: dict = field(default_factory=dict)
+
+
+def builtin_probes() -> list[str]:
+    return sorted(p.stem for p in PROBES_DIR.glob("*.yaml"))
+
+
+def load_probe(name_or_path: str | Path) -> Probe:
+    """A built-in probe by name or a YAML file with ``kind:`` and parameters."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROBES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ConfigError(f"No probe '{name_or_path}'; built-in probes: {', '.join(builtin_probes())} "
+                          "(or pass a YAML path).")
+    data = yaml.safe_load(path.read_text()) or {}
+    kind = data.pop("kind", None)
+    if kind not in PROBE_KINDS:
+        raise ConfigError(f"Probe {path} has kind {kind!r}; known kinds: {', '.join(PROBE_KINDS)}.")
+    return Probe(name=data.pop("name", path.stem), kind=kind, params=data)
 
 
 @dataclass
@@ -27,8 +67,8 @@ class Run:
 
     folder: Path
     config: SweepConfig
-    metrics: dict = field(default_factory=dict)
-    computed: list[str] = field(default_factory=list)  # stages computed by this call (the others were cached)
+    metrics: dict = field(default_factory=dict)  # probe name -> its metrics
+    computed: list[str] = field(default_factory=list)  # probes computed by this call (the others were cached)
 
 
 def run_folder(config: SweepConfig) -> Path:
@@ -36,8 +76,179 @@ def run_folder(config: SweepConfig) -> Path:
     return Path(config.out) / slug / config.digest()
 
 
+class Context:
+    """What a probe sees: the config, the model (loaded on first use) and cached activation sets."""
+
+    def __init__(self, folder: Path, config: SweepConfig, say: Callable[..., None]) -> None:
+        self.folder, self.config, self.say = folder, config, say
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:
+            t = time.perf_counter()
+            self._model = load_model(self.config.model, dtype=self.config.dtype, device=self.config.device)
+            self.say(f"loaded {self.config.model} in {time.perf_counter() - t:.1f}s")
+        return self._model
+
+    def layers(self, spec) -> list[int]:
+        """Layer list from a probe parameter: explicit ints, or ``"spread5"`` (five evenly spaced, ending last)."""
+        if spec == "spread5":
+            n = self.n_layers()
+            return sorted({int(round(x)) for x in np.linspace(n / 3, n - 1, 5)})
+        return list(spec if spec is not None else self.config.layers)
+
+    def n_layers(self) -> int:
+        meta = self.folder / "model.json"
+        if not meta.exists():
+            write_json(meta, dict(model_info(self.model).to_dict(), n_layers=self.model.cfg.n_layers))
+        return read_json(meta)["n_layers"]
+
+    def activations(self, key: str, prompts: Callable[[], list], **collect_kw) -> Activations:
+        """The activation set ``key`` from ``acts/<key>``, collected (and saved) on first use."""
+        path = self.folder / "acts" / key
+        if (path / "activations.json").exists():
+            return Activations.load(path)
+        self.say(f"collecting {key}")
+        acts = collect(self.model, prompts(), progress=not self.config.quiet, batch_size=self.config.batch_size,
+                       **collect_kw)
+        acts.save(path)
+        return acts
+
+
+def _pool(ctx: Context, prompts: str) -> tuple[Activations, list[str]]:
+    """Final-token values (the configured layers) and attention entropies (every layer) for a whole prompt pool."""
+    ds = load_prompts(prompts)
+    layers = sorted(set(ctx.layers(None)))
+    acts = ctx.activations(f"pool-{Path(prompts).stem}", lambda: list(ds["text"]), layers=layers,
+                           readings=("v",))
+    return acts, list(ds["domain"])
+
+
+def manifold_probe(ctx: Context, p: dict) -> dict:
+    """Stratified prompt set (per_bin per entropy quantile, optionally one domain) -> value-manifold report."""
+    acts, domains = _pool(ctx, p.get("prompts", ctx.config.prompts))
+    pool_idx = np.arange(len(acts)) if p.get("domain") is None else np.flatnonzero(np.array(domains) == p["domain"])
+    if len(pool_idx) == 0:
+        raise ConfigError(f"No prompts of domain {p['domain']!r} in {p.get('prompts', 'pool')}.")
+    chosen = pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.get("per_bin", 15),
+                                        n_bins=p.get("n_bins", 5), seed=ctx.config.seed)]
+    out = dict(domain=p.get("domain"), indices=chosen.tolist(), entropy=acts.entropy[chosen].tolist(), layers={})
+    for layer in acts.layers:
+        out["layers"][str(layer)] = manifold_report(acts.values(layer)[chosen], acts.entropy[chosen],
+                                                    n_boot=p.get("n_boot", 1000), n_null=p.get("n_null", 200),
+                                                    seed=ctx.config.seed)
+    return out
+
+
+def keys_probe(ctx: Context, p: dict) -> dict:
+    """Key orthogonality per layer and KV head, with the Gaussian null of the same shape."""
+    model = ctx.model
+    scores = key_orthogonality(model)  # [layers, kv heads]
+    return dict(per_head=scores.tolist(), layer_mean=scores.mean(axis=1).tolist(),
+                band=[float(np.quantile(scores, 0.1)), float(np.quantile(scores, 0.9))],
+                null=key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, n_draws=p.get("n_null", 200),
+                                            seed=ctx.config.seed))
+
+
+def focusing_probe(ctx: Context, p: dict) -> dict:
+    """Attention entropy of the final query per layer on a stratified mixed prompt set; reduction first -> last."""
+    name = p.get("prompts", ctx.config.prompts)
+    ds = load_prompts(name)
+    pool, _ = _pool(ctx, name)
+    chosen = stratified_sample(pool.entropy.numpy(), per_bin=p.get("per_bin", 15), seed=ctx.config.seed)
+    n = ctx.n_layers()
+    acts = ctx.activations(f"focusing-{Path(p.get('prompts', 'pool')).stem}", lambda: [ds["text"][i] for i in chosen],
+                           layers=list(range(n)), readings=("attn_entropy",))
+    return attention_focusing(acts.readings["attn_entropy"], n_boot=p.get("n_boot", 1000), seed=ctx.config.seed)
+
+
+def sula_task(ctx: Context, p: dict) -> SULATask:
+    """The SULA task with label words that are single tokens for this model, chosen once per run and stored."""
+    path = ctx.folder / "sula_task.json"
+    if not path.exists():
+        words = SULATask.for_tokenizer(ctx.model.tokenizer)
+        write_json(path, dict(labels=words.labels, remap_labels=words.remap_labels,
+                              ids={c: words.label_token_ids(ctx.model.tokenizer, c) for c in ("main", "remap")}))
+    saved = read_json(path)
+    return SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=p.get("per_k", 50))
+
+
+def _sula(ctx: Context, p: dict, condition: str) -> tuple[Activations, dict]:
+    task = sula_task(ctx, p)
+    cols = task.generate(condition, seed=p.get("seed", 42))
+    layers = sorted(set(ctx.layers(p.get("layers", "spread5")) + ctx.layers(None)))
+    ids = read_json(ctx.folder / "sula_task.json")["ids"]["remap" if condition == "remap" else "main"]
+    key = f"sula-{condition}-k{task.per_k}-s{p.get('seed', 42)}"
+    acts = ctx.activations(key, lambda: cols["text"], layers=layers, readings=("v",),
+                           label_tokens=ids)
+    return acts, cols
+
+
+def sula_behaviour(acts: Activations, cols: dict) -> dict:
+    """Model vs Bayes on one SULA prompt set: per k and for k >= 1 (k = 0 is a formatting confound)."""
+    h_model = acts.entropy.double().numpy()
+    h_bayes = np.array(cols["bayes_entropy"])
+    k = np.array(cols["k"])
+    pred = acts.label_logprobs.argmax(-1).numpy()
+    latent = np.array(cols["latent"])
+
+    def block(mask) -> dict:
+        out = dict(n=int(mask.sum()), model_entropy=float(h_model[mask].mean()),
+                   bayes_entropy=float(h_bayes[mask].mean()),
+                   mae=float(np.abs(h_model[mask] - h_bayes[mask]).mean()),
+                   accuracy=float((pred[mask] == latent[mask]).mean()))
+        if np.ptp(h_bayes[mask]) > 0 and np.ptp(h_model[mask]) > 0:
+            out["corr_with_bayes"] = correlations(h_model[mask], h_bayes[mask])
+        return out
+
+    return dict(per_k={str(kk): block(k == kk) for kk in sorted(set(k.tolist()))}, k_ge_1=block(k >= 1),
+                overall=block(k >= 0))
+
+
+def icl_probe(ctx: Context, p: dict) -> dict:
+    """SULA in-context task: calibration against the exact posterior per condition, and the value geometry
+    (PC1 vs Bayes and model entropy) of the main condition at the last layer, for all k and for k >= 1."""
+    out: dict = dict(conditions={})
+    for condition in p.get("conditions", list(CONDITIONS)):
+        acts, cols = _sula(ctx, p, condition)
+        out["conditions"][condition] = sula_behaviour(acts, cols)
+        if condition == "main":
+            k = np.array(cols["k"])
+            v = acts.values(-1)
+            bayes = np.array(cols["bayes_entropy"])
+            out["geometry_all_k"] = manifold_report(v, acts.entropy, bayes_entropy=bayes, n_boot=p.get("n_boot", 1000),
+                                                    n_null=p.get("n_null", 200), seed=ctx.config.seed)
+            sel = k >= 1
+            out["geometry_k_ge_1"] = manifold_report(v[torch.from_numpy(sel)], acts.entropy[torch.from_numpy(sel)],
+                                                     bayes_entropy=bayes[sel], n_boot=p.get("n_boot", 1000),
+                                                     n_null=p.get("n_null", 200), seed=ctx.config.seed)
+            out["corr_k_pc1"] = correlations(k, out["geometry_all_k"]["pc1_score"])
+    return out
+
+
+def axis_probe(ctx: Context, p: dict) -> dict:
+    """Entropy axes (PC1 and ridge) at the probe's layers on the SULA main set: in-sample vs cross-fitted held-out
+    correlation with model entropy, saved under ``axes/``."""
+    acts, cols = _sula(ctx, p, "main")
+    out = {}
+    for layer in acts.layers:
+        for method in p.get("methods", ["pc1", "ridge"]):
+            axis = fit_entropy_axis(acts, layer, method, folds=p.get("folds", 5), seed=ctx.config.seed)
+            axis.save(ctx.folder / "axes" / f"{method}-L{layer}")
+            bayes = correlations(axis.project(acts.values(layer)), cols["bayes_entropy"])
+            out[f"{method}-L{layer}"] = dict(layer=layer, method=method, sigma=axis.sigma, in_sample=axis.in_sample,
+                                             held_out=axis.held_out, projection_vs_bayes=bayes)
+    return out
+
+
+PROBE_KINDS: dict[str, Callable[[Context, dict], dict]] = dict(
+    manifold=manifold_probe, keys=keys_probe, focusing=focusing_probe, icl=icl_probe, axis=axis_probe)
+
+
 def run_sweep(config: SweepConfig) -> Run:
-    """Run (or resume) the sweep for ``config``; returns the run with its metrics."""
+    """Run (or resume) every probe of ``config`` on its model; returns the run with its metrics."""
+    probes = [load_probe(name) for name in (config.probes or builtin_probes())]
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
     run = Run(folder, config)
@@ -45,37 +256,22 @@ def run_sweep(config: SweepConfig) -> Run:
     atomic_write_text(folder / "config.yaml", config.to_yaml())
     if not (folder / "env.json").exists():
         write_json(folder / "env.json", environment(config.seed))
-    torch.manual_seed(config.seed)
-    model = None
-
-    def get_model():
-        nonlocal model
-        if model is None:
-            t = time.perf_counter()
-            model = load_model(config.model, dtype=config.dtype, device=config.device)
-            say(f"loaded {config.model} in {time.perf_counter() - t:.1f}s")
-        return model
-
-    values_dir = folder / "values"
-    if (values_dir / "activations.json").exists():
-        say(f"[cached] values: {values_dir}")
-        acts = Activations.load(values_dir)
-    else:
-        prompts = load_prompts(config.prompts)
-        acts = collect(get_model(), list(prompts["text"]), layers=config.layers, batch_size=config.batch_size,
-                       progress=not config.quiet)
-        acts.meta["domains"] = list(prompts["domain"])
-        acts.save(values_dir)
-        run.computed.append("values")
-
-    metrics_path = folder / "metrics.json"
-    if metrics_path.exists():
-        say(f"[cached] metrics: {metrics_path}")
-        run.metrics = read_json(metrics_path)
-    else:
-        manifold = {str(layer): manifold_summary(acts.values(layer), acts.entropy) for layer in acts.layers}
-        run.metrics = dict(model=acts.meta["model"], prompts=config.prompts, prompt_digest=acts.meta["prompt_digest"],
-                           entropy_unit="bits", value_manifold=manifold)
-        write_json(metrics_path, run.metrics)
-        run.computed.append("metrics")
+    ctx = Context(folder, config, say)
+    for probe in probes:
+        path = folder / "probes" / probe.name / "metrics.json"
+        if path.exists():
+            cached = read_json(path)
+            if cached["_probe"]["kind"] == probe.kind and cached["_probe"]["params"] == probe.params:
+                say(f"[cached] {probe.name}")
+                run.metrics[probe.name] = cached
+                continue
+        torch.manual_seed(config.seed)
+        t = time.perf_counter()
+        metrics = PROBE_KINDS[probe.kind](ctx, probe.params)
+        metrics["_probe"] = dict(kind=probe.kind, params=probe.params, seconds=time.perf_counter() - t)
+        write_json(path, metrics)
+        run.metrics[probe.name] = metrics
+        run.computed.append(probe.name)
+        say(f"[done] {probe.name} in {time.perf_counter() - t:.1f}s")
+    write_json(folder / "metrics.json", run.metrics)
     return run

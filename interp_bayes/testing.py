@@ -14,9 +14,10 @@ TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral")
 _TEXTS = [
     "the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
     "The capital of France is Paris.", "def f(x): return x + 1", "a b c d e f g h i j k l m n o p",
+    "happy: dax, sad: lug. calm: mip, grim: zorb.",  # single-token label words for the in-context task
 ] * 20
-_COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-               max_position_embeddings=128, bos_token_id=0, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False)
+_COMMON = dict(vocab_size=420, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+               max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False)
 
 
 def tiny_config(family: str):
@@ -53,7 +54,7 @@ def expected_parameters(config) -> int:
     return embed + L * per + d
 
 
-def make_tokenizer(out_dir: str | Path, vocab_size: int = 300):
+def make_tokenizer(out_dir: str | Path, vocab_size: int = 400):
     """A byte-level BPE tokenizer trained on a few fixed sentences, saved to disk and reloaded (the bridge needs that)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast

@@ -67,7 +67,7 @@ def test_empty_prompt_list(tiny_dirs):
 def test_prompt_longer_than_context(tiny_dirs):
     bridge = load_model(tiny_dirs["pythia"])
     long_text = "the cat sat on the mat " * 60
-    with pytest.raises(PromptError, match=r"Prompt 1 \('the cat sat.*'\) has \d+ tokens, more than the model's context of 128"):
+    with pytest.raises(PromptError, match=r"Prompt 1 \('the cat sat.*'\) has \d+ tokens, more than the model's context of 256"):
         collect(bridge, ["hello", long_text], progress=False)
 
 

@@ -57,7 +57,7 @@ def single_token_words(tokenizer, candidates=LABEL_CANDIDATES, n: int = 4) -> li
     fallbacks; the leading space is part of the token because labels follow ': '."""
     found = [w for w in candidates if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1]
     if len(found) < n:
-        cons, vows = "bdfgklmnprstvz", "aeiou"
+        cons, vows = "bcdfghjklmnprstvwxz", "aeiou"
         for word in (a + b + c for a in cons for b in vows for c in cons):
             if word not in found and len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1:
                 found.append(word)

@@ -1,0 +1,80 @@
+"""The summary table of a run, beside the paper's rows (Paper III Tables 1-2 and §5, methods.md §3.9)."""
+
+from __future__ import annotations
+
+# Paper III v1 numbers, as printed (Table 1 bootstrap means; Table 2; §5.1 Spearman; §5.2 SULA MAE).
+PAPER_ROWS = {
+    "Pythia-410M": {"mixed PC1": "79.6% (78.4, 80.8)", "mixed PC1+PC2": "99.7%", "math PC1": "58.0%",
+                    "math PC1+PC2": "99.9%", "Spearman(PC1, H) mixed / math": "-0.32 / -0.14",
+                    "key orthogonality": "0.11-0.13", "attention focusing": "82%", "SULA MAE": "0.44 bits"},
+    "Phi-2": {"mixed PC1": "46.4% (43.9, 48.9)", "mixed PC1+PC2": "60.6%", "math PC1": "52.2%",
+              "math PC1+PC2": "63.5%", "Spearman(PC1, H) mixed / math": "+0.34 / +0.16",
+              "key orthogonality": "0.034-0.051", "attention focusing": "86%", "SULA MAE": "0.31 bits"},
+    "Llama-3.2-1B": {"mixed PC1": "36.6% (34.8, 38.4)", "mixed PC1+PC2": "51.4%", "math PC1": "52.5%",
+                     "math PC1+PC2": "73.6%", "Spearman(PC1, H) mixed / math": "+0.59 / -0.51",
+                     "key orthogonality": "0.15-0.18", "attention focusing": "31%", "SULA MAE": "0.36 bits"},
+}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _ci(pair) -> str:
+    return f"({100 * pair[0]:.1f}, {100 * pair[1]:.1f})"
+
+
+def _last(probe: dict) -> dict:
+    return probe["layers"][max(probe["layers"], key=int)]
+
+
+def share_cells(rep: dict, which: str) -> str:
+    """'PC1 share [bootstrap CI]; nulls: permuted mean / gaussian mean' for a manifold report."""
+    b, n = rep["bootstrap"], rep["nulls"]
+    return (f"{_pct(rep[f'{which}_share'])} {_ci(b[f'{which}_ci'])}; null {_pct(n['permuted'][f'{which}_mean'])} / "
+            f"{_pct(n['gaussian'][f'{which}_mean'])}")
+
+
+def summary_rows(metrics: dict) -> list[tuple[str, str]]:
+    """(measure, our value) rows from a run's metrics, for whichever probes ran."""
+    rows: list[tuple[str, str]] = []
+    for name, label in (("manifold_mixed", "mixed"), ("manifold_math", "math"), ("manifold_code", "code")):
+        if name in metrics:
+            rep = _last(metrics[name])
+            rows += [(f"{label} PC1", share_cells(rep, "pc1")), (f"{label} PC1+PC2", share_cells(rep, "pc12")),
+                     (f"{label} Spearman(PC1, H)", f"{rep['pc1_vs_entropy']['spearman']:+.2f} (|rho|, PC1 oriented)"),
+                     (f"{label} participation ratio", f"{rep['participation_ratio']:.1f} of {rep['dim']} dims")]
+    if "keys" in metrics:
+        k = metrics["keys"]
+        rows.append(("key orthogonality (10-90% of heads)",
+                     f"{k['band'][0]:.3f}-{k['band'][1]:.3f}; Gaussian null {k['null']['mean']:.3f}"))
+    if "focusing" in metrics:
+        f = metrics["focusing"]
+        rows.append(("attention focusing (first -> last layer)", f"{_pct(f['reduction'])} {_ci(f['reduction_ci'])}"))
+    if "icl" in metrics:
+        icl = metrics["icl"]
+        main = icl["conditions"]["main"]
+        per_k = ", ".join(f"k={k}: {v['mae']:.3f}" for k, v in main["per_k"].items())
+        rows.append(("SULA entropy MAE vs Bayes (bits)", f"{per_k}; k>=1: {main['k_ge_1']['mae']:.3f}"))
+        for cond, c in icl["conditions"].items():
+            if cond != "main":
+                rows.append((f"SULA MAE, {cond} (k>=1)", f"{c['k_ge_1']['mae']:.3f}"))
+        for key, label in (("geometry_all_k", "all k"), ("geometry_k_ge_1", "k>=1")):
+            g = icl[key]
+            rows.append((f"SULA Spearman(PC1, Bayes H), {label}",
+                         f"{g['pc1_vs_bayes_entropy']['spearman']:+.2f}; PC1 {_pct(g['pc1_share'])}"))
+    if "axis" in metrics:
+        last = max(metrics["axis"].values(), key=lambda a: (a.get("layer", -1), a.get("method") == "pc1"))["layer"]
+        for key, a in metrics["axis"].items():
+            if key.startswith("_") or a["layer"] != last:
+                continue
+            rows.append((f"entropy axis {a['method']} L{a['layer']}: r in-sample / held-out",
+                         f"{a['in_sample']['pearson']:+.2f} / {a['held_out']['pearson']:+.2f}"))
+    return rows
+
+
+def markdown_summary(metrics: dict, model: str) -> str:
+    """A markdown table of our measurements (the paper's rows are in PAPER_ROWS)."""
+    lines = [f"| measure | {model} |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in summary_rows(metrics)]
+    return "\n".join(lines)
