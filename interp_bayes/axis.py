@@ -43,8 +43,11 @@ def _fit_direction(x: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
     else:
         raise ValueError(f"Unknown axis method '{method}'; choose one of {', '.join(METHODS)}.")
     u = w / sd
-    u /= np.linalg.norm(u)
-    if np.corrcoef(x @ u, y)[0, 1] < 0:
+    norm = np.linalg.norm(u)
+    if norm == 0:  # a ridge fit that found nothing (all coefficients shrunk to 0): no direction, projections 0
+        return u
+    u /= norm
+    if correlations(x @ u, y)["pearson"] < 0:
         u = -u
     return u
 

@@ -1,34 +1,73 @@
-"""The command line end to end on a tiny model: run folder contents, resume, and errors without tracebacks."""
+"""The command line and the sweep runner end to end on a tiny model: run folder, resume, errors without tracebacks."""
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from interp_bayes.cli import main
-from interp_bayes.config import SweepConfig
+from interp_bayes.config import ConfigError, SweepConfig
+from interp_bayes.sweep import builtin_probes, load_probe, run_sweep
+
+SMALL_PROBES = {  # the built-in recipes at toy sizes, for the 64-prompt basic set and a 2-layer model
+    "mixed.yaml": dict(kind="manifold", per_bin=4, n_boot=30, n_null=10),
+    "math.yaml": dict(kind="manifold", domain="mathematics", per_bin=2, n_boot=30, n_null=10),
+    "keys.yaml": dict(kind="keys", n_null=10),
+    "focusing.yaml": dict(kind="focusing", per_bin=3, n_boot=30),
+    "icl.yaml": dict(kind="icl", per_k=4, layers=[0, 1], n_boot=30, n_null=10),
+    "axis.yaml": dict(kind="axis", per_k=4, layers=[0, 1], folds=3),
+}
 
 
-def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, capsys):
-    args = ["sweep", "--model", str(tiny_dirs["llama3"]), "--out", str(tmp_path), "--layers", "0", "-1", "--quiet"]
+@pytest.fixture
+def small_probes(tmp_path):
+    paths = []
+    for name, body in SMALL_PROBES.items():
+        (tmp_path / name).write_text(yaml.safe_dump(body))
+        paths.append(str(tmp_path / name))
+    return paths
+
+
+def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, capsys):
+    out = tmp_path / "runs"
+    args = ["sweep", "--model", str(tiny_dirs["llama3"]), "--out", str(out), "--prompts", "basic", "--quiet",
+            "--probes", *small_probes]
     assert main(args) == 0
-    (folder,) = list(tmp_path.glob("*/*"))
-    for name in ("config.yaml", "env.json", "metrics.json", "values/activations.safetensors"):
+    (folder,) = list(out.glob("*/*"))
+    for name in ("config.yaml", "env.json", "metrics.json", "sula_task.json"):
         assert (folder / name).exists(), name
+    for probe in ("mixed", "math", "keys", "focusing", "icl", "axis"):
+        assert (folder / "probes" / probe / "metrics.json").exists(), probe
+    assert (folder / "axes" / "pc1-L1" / "axis.safetensors").exists()
     metrics = json.loads((folder / "metrics.json").read_text())
-    assert set(metrics["value_manifold"]) == {"0", "1"}
-    m = metrics["value_manifold"]["1"]
-    assert 0 < m["pc1_share"] <= m["pc12_share"] <= 1 and -1 <= m["spearman_pc1_entropy"] <= 1
-    assert m["dim"] == 2 * 24 and m["n_prompts"] == 64  # GQA: 2 kv heads of 24
+    rep = metrics["mixed"]["layers"]["1"]
+    assert rep["dim"] == 2 * 24 and rep["n_prompts"] == 20  # GQA: 2 kv heads of 24; 4 per quintile
+    assert 0 < rep["pc1_share"] <= rep["pc12_share"] <= 1
+    assert rep["bootstrap"]["pc1_ci"][0] <= rep["bootstrap"]["pc1_ci"][1]
+    assert len(metrics["math"]["indices"]) == 10
+    assert metrics["icl"]["conditions"]["shuffled"]["overall"]["bayes_entropy"] == 1.0
     env = json.loads((folder / "env.json").read_text())
     assert env["seed"] == 0 and env["packages"]["transformers"]
-    assert yaml.safe_load((folder / "config.yaml").read_text())["layers"] == [0, -1]
-    first = (folder / "metrics.json").stat().st_mtime_ns
-    capsys.readouterr()
-    assert main(args) == 0
-    assert (folder / "metrics.json").stat().st_mtime_ns == first  # nothing recomputed
-    assert f"run folder: {folder}" in capsys.readouterr().out
+    assert yaml.safe_load((folder / "config.yaml").read_text())["prompts"] == "basic"
+    printed = capsys.readouterr().out
+    assert "SULA entropy MAE vs Bayes" in printed and f"run folder: {folder}" in printed
+
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(out), prompts="basic", quiet=True,
+                         probes=small_probes)
+    again = run_sweep(config)
+    assert again.folder == folder and again.computed == []  # everything reused, nothing recomputed
+    assert again.metrics["keys"] == metrics["keys"]
+
+
+def test_built_in_probes_load():
+    names = builtin_probes()
+    assert {"manifold_mixed", "manifold_math", "keys", "focusing", "icl", "axis"} <= set(names)
+    assert load_probe("manifold_math").params["domain"] == "mathematics"
+    with pytest.raises(ConfigError, match="No probe 'nope'; built-in probes: "):
+        load_probe("nope")
 
 
 def test_config_yaml_with_flag_override(tmp_path):
@@ -41,10 +80,6 @@ def test_config_yaml_with_flag_override(tmp_path):
 
 
 def test_unknown_config_key(tmp_path):
-    import pytest
-
-    from interp_bayes.config import ConfigError
-
     path = tmp_path / "c.yaml"
     path.write_text("modle: x\n")
     with pytest.raises(ConfigError, match=r"Unknown config key\(s\) \['modle'\]"):
@@ -54,7 +89,7 @@ def test_unknown_config_key(tmp_path):
 def test_hub_model_offline_is_one_sentence_not_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "interp_bayes.cli", "sweep", "--model", "pythia-410m", "--out",
                            str(tmp_path), "--quiet"], capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "Cannot fetch 'EleutherAI/pythia-410m'" in proc.stderr
