@@ -100,9 +100,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                       batch_size=64, lr=3e-4, warmup=1000, weight_decay=0.01, loss="soft", eval_every=1000,
                       log_every=100,
                       checkpoints=[100, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10_000, 20_000]),
-        "cpu": dict(n_layers=3, n_heads=4, d_model=64, d_ff=256, n_positions=160, steps=3000, batch_size=64,
+        "cpu": dict(n_layers=3, n_heads=4, d_model=64, d_ff=256, n_positions=160, steps=4000, batch_size=64,
                     lr=3e-3, warmup=200, weight_decay=0.01, loss="soft",
-                    checkpoints=[50, 100, 200, 300, 400, 600, 800, 1000, 1500, 2000]),
+                    checkpoints=[50, 100, 200, 300, 400, 600, 800, 1000, 1500, 2000, 3000]),
         "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_positions=80, steps=300, batch_size=32,
                      lr=3e-3, warmup=30, eval_every=100, eval_n=64, log_every=10, checkpoints=[100],
                      task_kwargs=dict(n_steps=8)),
@@ -175,7 +175,7 @@ class MLPBaseline(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.config, indent=2))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(folder / "model.safetensors"))
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(folder / "model.safetensors"))
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> MLPBaseline:

@@ -26,9 +26,10 @@ LN2 = math.log(2.0)
 def restricted_log_probs(model: nn.Module, batch: TaskBatch, hypothesis_ids: list[int]) -> torch.Tensor:
     """Log-probabilities over the hypothesis tokens at the query positions: [n, Q, H] float32.
 
-    Works for an HF model (``.logits``), a TransformerBridge or the MLP baseline (a logits tensor).
+    Works for an HF model (``.logits``), a TransformerBridge or the MLP baseline (a logits tensor); the result
+    is on the model's device.
     """
-    out = model(batch.input_ids)
+    out = model(batch.input_ids.to(next(model.parameters()).device))
     logits = out if isinstance(out, torch.Tensor) else out.logits  # [n, T, vocab]
     sliced = logits[:, batch.query_pos][..., hypothesis_ids].float()  # [n, Q, H]
     return torch.log_softmax(sliced, dim=-1)
@@ -99,7 +100,7 @@ def evaluate_windtunnel(
         logps, posts = [], []
         for i, start in enumerate(range(0, n, batch_size)):
             batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
-            logps.append(restricted_log_probs(model, batch, task.hypothesis_ids))
+            logps.append(restricted_log_probs(model, batch, task.hypothesis_ids).cpu())
             posts.append(batch.posterior)
         results[length] = {"length": length, "n": n, **score(torch.cat(logps), torch.cat(posts))}
     return results

@@ -89,7 +89,7 @@ def train_step(
 ) -> tuple[float, float]:
     """One optimiser step on ``batch``; returns (loss in nats, gradient norm before clipping)."""
     logp = restricted_log_probs(model, batch, hyp)
-    loss = loss_fn(logp, batch.posterior, batch.labels, cfg.loss)
+    loss = loss_fn(logp, batch.posterior.to(logp.device), batch.labels.to(logp.device), cfg.loss)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
@@ -104,13 +104,15 @@ def train_windtunnel(
     preset: str = "cpu",
     out: str | Path,
     seed: int = 0,
+    device: str | None = None,
     quiet: bool = False,
     **overrides: Any,
 ) -> Path:
     """Train a wind-tunnel model on ``task`` ("bijection" | "hmm") with a preset ("paper" | "cpu" | "tiny").
 
     ``overrides`` replace TrainConfig fields (``arch="mlp"`` trains the capacity-matched baseline). Returns the
-    output folder, which holds the final model, its checkpoints and the metrics log.
+    output folder, which holds the final model, its checkpoints and the metrics log. ``device`` defaults to CUDA
+    when available; the saved folders hold float32 weights either way.
     """
     cfg = make_config(task, preset, seed=seed, **overrides)
     out = Path(out)
@@ -118,7 +120,7 @@ def train_windtunnel(
     torch.manual_seed(cfg.seed)
     data_rng = np.random.default_rng([cfg.seed, 1])
     the_task = make_task(cfg)
-    model = build_model(cfg, the_task)
+    model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.train()
     count = n_params(model)
     if not quiet:
@@ -142,7 +144,7 @@ def train_windtunnel(
             if step % cfg.eval_every == 0 or last:
                 with torch.no_grad():
                     model.eval()
-                    ev = score(restricted_log_probs(model, eval_batch, hyp), eval_batch.posterior)
+                    ev = score(restricted_log_probs(model, eval_batch, hyp).cpu(), eval_batch.posterior)
                     model.train()
                 rec |= {k: v for k, v in ev.items() if k != "per_position"}
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", mae=f"{rec['per_sample_entropy_mae_bits']:.4f}")
@@ -170,6 +172,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's step count")
+    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -179,7 +182,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps else {})
-    train_windtunnel(args.task, preset=args.preset, out=args.out, seed=args.seed, quiet=args.quiet, **overrides)
+    train_windtunnel(args.task, preset=args.preset, out=args.out, seed=args.seed, device=args.device,
+                     quiet=args.quiet, **overrides)
     return 0
 
 
