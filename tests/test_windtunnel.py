@@ -1,0 +1,126 @@
+"""Wind-tunnel models: HF folders that boot in TransformerBridge, the capacity-matched MLP, training, evaluation."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from interp_bayes.models import load_model
+from interp_bayes.windtunnel.configs import build_mlp, build_transformer, make_config, make_task, n_params
+from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel, restricted_log_probs
+from interp_bayes.windtunnel.tokenizer import build_tokenizer
+from interp_bayes.windtunnel.train import length_at, lr_factor, save_folder, train_main, train_windtunnel
+
+torch.set_num_threads(1)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
+
+
+def test_tokenizer_maps_task_symbols_to_their_ids():
+    task = make_task(make_config("hmm", "tiny"))
+    tok = build_tokenizer(task.vocab)
+    assert tok("[TRANS] 0.05 1.00 [OBS] o3 s4")["input_ids"] == [96, 0, 95, 99, 103, 109]
+    assert len(tok) == len(task.vocab) + 1
+
+
+@pytest.mark.parametrize("task", ["bijection", "hmm"])
+@pytest.mark.parametrize("preset", ["paper", "cpu", "tiny"])
+def test_mlp_is_capacity_matched(task, preset):
+    cfg = make_config(task, preset)
+    t = make_task(cfg)
+    n_tr, n_mlp = n_params(build_transformer(cfg, t)), n_params(build_mlp(cfg, t))
+    print(f"{task}/{preset}: transformer {n_tr:,} MLP {n_mlp:,}")
+    assert abs(n_mlp - n_tr) <= 0.02 * n_tr
+
+
+def test_paper_bijection_size_is_the_papers():
+    cfg = make_config("bijection", "paper")
+    assert abs(n_params(build_transformer(cfg, make_task(cfg))) - 2.68e6) < 0.01e6
+
+
+def test_mlp_sees_no_other_position():
+    cfg = make_config("bijection", "tiny")
+    mlp = build_mlp(cfg, make_task(cfg)).eval()
+    ids = make_task(cfg).sample(2, seed=0).input_ids
+    edited = ids.clone()
+    edited[:, 5] = (edited[:, 5] + 1) % 20
+    diff = (mlp(ids) - mlp(edited)).abs().amax(-1)  # [batch, pos]
+    assert (diff[:, 5] > 0).all() and diff[:, :5].max() == 0 and diff[:, 6:].max() == 0
+
+
+def test_transformer_folder_boots_in_the_bridge_with_hooks(tmp_path):
+    cfg = make_config("hmm", "tiny")
+    task = make_task(cfg)
+    torch.manual_seed(0)
+    hf = build_transformer(cfg, task).eval()
+    save_folder(hf, cfg, task, tmp_path, {"step": 0})
+    bridge = load_model(tmp_path)
+    batch = task.sample(3, seed=1)
+    logits, cache = bridge.run_with_cache(batch.input_ids)
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    torch.testing.assert_close(logits, eager(batch.input_ids).logits, atol=1e-5, rtol=0)
+    T = batch.input_ids.shape[1]
+    assert cache["blocks.0.attn.hook_v"].shape == (3, T, cfg.n_heads, cfg.d_model // cfg.n_heads)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(3, cfg.n_heads, T))
+    # the read-out slice is the LM head over the state tokens, identical through bridge and HF
+    torch.testing.assert_close(restricted_log_probs(bridge, batch, task.hypothesis_ids),
+                               restricted_log_probs(eager, batch, task.hypothesis_ids), atol=1e-5, rtol=0)
+
+
+def test_training_drives_loss_well_below_uniform(tmp_path):
+    V = 8
+    out = train_windtunnel("bijection", preset="tiny", out=tmp_path, seed=0, quiet=True, steps=250,
+                           task_kwargs={"n_symbols": V}, checkpoints=[0, 100], eval_every=50)
+    logs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    uniform = math.log(V)  # soft cross-entropy of the uniform guess, nats
+    bayes = math.lgamma(V + 1) / V  # mean posterior entropy: (1/V) sum_k ln(V-k+1), nats
+    assert logs[0]["loss"] > uniform - 0.05
+    assert logs[-1]["loss"] < uniform - 0.5 * (uniform - bayes)
+    assert logs[-1]["per_sample_entropy_mae_bits"] < 0.5 * logs[0]["per_sample_entropy_mae_bits"]
+    meta = json.loads((out / "windtunnel.json").read_text())
+    cfg = make_config("bijection", "tiny", task_kwargs={"n_symbols": V})
+    assert meta["n_params"] == n_params(build_transformer(cfg, make_task(cfg)))
+    ckpt = out / "checkpoints" / "step_000100"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "windtunnel.json"} <= {p.name for p in ckpt.iterdir()}
+    early = evaluate_windtunnel(out / "checkpoints" / "step_000000", n=200)[V]
+    late = evaluate_windtunnel(out, n=200)[V]
+    assert late["kl_bits"] < early["kl_bits"]
+
+
+def test_schedule_warms_up_decays_and_follows_the_length_curriculum():
+    cfg = make_config("hmm", "tiny", steps=100, warmup=10, min_lr_frac=0.1, length_schedule=[(0, 3), (50, 6)])
+    assert lr_factor(0, cfg) == pytest.approx(0.1) and lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(99, cfg) == pytest.approx(0.1, abs=1e-3)
+    assert all(lr_factor(s, cfg) >= lr_factor(s + 1, cfg) for s in range(10, 99))
+    assert [length_at(s, cfg) for s in (0, 49, 50, 99)] == [3, 3, 6, 6]
+
+
+def test_cli_trains_the_mlp_baseline(tmp_path):
+    assert train_main(["hmm", "--preset", "tiny", "--arch", "mlp", "--steps", "3", "--out", str(tmp_path), "--quiet"]) == 0
+    model, cfg = load_windtunnel(tmp_path)
+    assert cfg.arch == "mlp" and cfg.steps == 3
+    res = evaluate_windtunnel(model, make_task(cfg), n=16, lengths=[4, 8])
+    assert set(res) == {4, 8} and all(r["kl_bits"] > 0 for r in res.values())
+
+
+COMMITTED = sorted(p for p in CHECKPOINTS.glob("*") if (p / "windtunnel.json").exists()) if CHECKPOINTS.exists() else []
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_committed_checkpoint_meets_its_recorded_mae(folder):
+    meta = json.loads((folder / "windtunnel.json").read_text())
+    length, recorded = next(iter(meta["eval"].items()))
+    got = evaluate_windtunnel(folder, n=recorded["n"], lengths=[int(length)])[int(length)]
+    for key in ("per_sample_entropy_mae_bits", "kl_bits"):
+        assert got[key] <= recorded[key] * 1.01 + 1e-5, key
+
+
+def test_checkpoints_are_committed_within_budget():
+    assert COMMITTED, "no committed wind-tunnel checkpoints found"
+    total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
+    assert total <= 15 * 2**20
