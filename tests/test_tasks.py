@@ -96,7 +96,8 @@ def test_hmm_tokens_carry_the_matrices_the_posterior_uses():
     b = task.sample(6, seed=4)
     ids = b.input_ids.numpy()
     assert ids.shape == (6, 53 + 8) and task.header_len == 53
-    assert (ids[:, 0] == task.trans_id).all() and (ids[:, 26] == task.emit_id).all() and (ids[:, 52] == task.sep_id).all()
+    assert (ids[:, 0] == task.trans_id).all() and (ids[:, 26] == task.emit_id).all()
+    assert (ids[:, 52] == task.sep_id).all()
     T = (ids[:, 1:26].reshape(6, 5, 5) + MIN_CENTS) / 100.0
     E = (ids[:, 27:52].reshape(6, 5, 5) + MIN_CENTS) / 100.0
     np.testing.assert_allclose(T.sum(-1), 1.0)

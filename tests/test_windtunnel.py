@@ -101,7 +101,8 @@ def test_schedule_warms_up_decays_and_follows_the_length_curriculum():
 
 
 def test_cli_trains_the_mlp_baseline(tmp_path):
-    assert train_main(["hmm", "--preset", "tiny", "--arch", "mlp", "--steps", "3", "--out", str(tmp_path), "--quiet"]) == 0
+    argv = ["hmm", "--preset", "tiny", "--arch", "mlp", "--steps", "3", "--out", str(tmp_path), "--quiet"]
+    assert train_main(argv) == 0
     model, cfg = load_windtunnel(tmp_path)
     assert cfg.arch == "mlp" and cfg.steps == 3
     res = evaluate_windtunnel(model, make_task(cfg), n=16, lengths=[4, 8])

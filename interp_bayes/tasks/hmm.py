@@ -45,7 +45,9 @@ def random_stochastic_cents(rng: np.random.Generator, shape: tuple[int, ...], n_
     return discretize_rows(raw / raw.sum(-1, keepdims=True))
 
 
-def hmm_filter(trans: torch.Tensor, emit: torch.Tensor, obs: torch.Tensor, init: torch.Tensor | None = None) -> torch.Tensor:
+def hmm_filter(
+    trans: torch.Tensor, emit: torch.Tensor, obs: torch.Tensor, init: torch.Tensor | None = None
+) -> torch.Tensor:
     """Exact filtering posteriors p(s_t | o_1..o_t) by the forward algorithm in log space, batched.
 
     ``trans``: [n, S, S] rows T[s_prev, s_next]; ``emit``: [n, S, O]; ``obs``: [n, K] int; ``init``: [n, S] or

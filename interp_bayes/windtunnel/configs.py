@@ -175,7 +175,8 @@ class MLPBaseline(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.config, indent=2))
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(folder / "model.safetensors"))
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(tensors, str(folder / "model.safetensors"))
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> MLPBaseline:
