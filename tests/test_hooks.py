@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import load_hf
+from conftest import load_hf, value_rows
 
 PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning with induction heads"]
 
@@ -16,17 +16,6 @@ def cached_values(cache, layer):
     """Layer ``layer``'s values from HF's KV cache as [batch, pos, n_kv, d_head] (absorbs Cache API changes)."""
     v = cache.layers[layer].values if hasattr(cache, "layers") else cache[layer][1]
     return v.transpose(1, 2)
-
-
-def value_rows(hf, layer):
-    """(module, row indices) of the value projection's output rows, in hook_v's flattened [kv, d_head] order."""
-    cfg = hf.config
-    if cfg.model_type == "gpt_neox":  # fused qkv, laid out per head as [q_h | k_h | v_h]
-        h, dh = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-        rows = torch.arange(h * 3 * dh).view(h, 3, dh)[:, 2].reshape(-1)
-        return hf.gpt_neox.layers[layer].attention.query_key_value, rows
-    mod = hf.model.layers[layer].self_attn.v_proj
-    return mod, torch.arange(mod.out_features)
 
 
 @torch.no_grad()

@@ -1,0 +1,329 @@
+"""Interventions on an axis of value space inside the forward pass, and their controls (Paper III §4.6, methods §3.8).
+
+Operators act on ``blocks.L.attn.hook_v`` at every position, in the concatenated key/value-head space of layer L
+(``n_kv_heads * d_head``: the native GQA space, not the repeated per-query-head one), before attention mixes the
+values; u is a unit vector there:
+
+- ``AxisCut(u, scale=0)``: v - (1 - scale)(v.u)u   (scale 1 is the identity; 0 removes the component)
+- ``AxisOnly(u)``: (v.u)u
+- ``AxisShift(u, sigma, delta_sigma=1)``: v + delta_sigma * sigma * u
+
+Controls, each a seeded family of draws (one generator per (seed, family, layer, draw)):
+
+- ``isotropic``: Gaussian directions orthogonalised against the true axis (the paper's control; such a direction
+  carries about 1/d of the variance, so it is weak);
+- ``matched``: random directions orthogonal to the true axis with exactly the true axis' projected variance
+  (a rotation between a direction drawn in the top principal subspace and an isotropic one);
+- ``pcs``: the other leading principal components (2..k), as raw-space readouts like the PC1 axis.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from .geometry import as_float64, pca
+
+HOOK_V = "blocks.{layer}.attn.hook_v"
+
+
+def _unit(direction) -> torch.Tensor:
+    u = getattr(direction, "direction", direction)
+    u = torch.as_tensor(u, dtype=torch.float32)
+    return u / u.norm()
+
+
+def _along(v: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flatten [..., n_kv, d_head] to [..., dim] and return it with the component (v.u) along u."""
+    flat = v.reshape(*v.shape[:-2], -1) if v.dim() >= 3 and v.shape[-2] * v.shape[-1] == u.numel() else v
+    uu = u.to(v.dtype).to(v.device)
+    return flat, (flat @ uu)[..., None] * uu
+
+
+@dataclass(frozen=True, eq=False)
+class AxisCut:
+    """v - (1 - scale)(v.u)u: scale 0 removes the axis, 1 leaves v as it is."""
+
+    direction: torch.Tensor
+    scale: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "direction", _unit(self.direction))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        flat, par = _along(v, self.direction)
+        return (flat - (1.0 - self.scale) * par).reshape(v.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class AxisOnly:
+    """(v.u)u: keep only the component along the axis."""
+
+    direction: torch.Tensor
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "direction", _unit(self.direction))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return _along(v, self.direction)[1].reshape(v.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class AxisShift:
+    """v + delta_sigma * sigma * u: move every value along the axis by delta_sigma standard deviations."""
+
+    direction: torch.Tensor
+    sigma: float
+    delta_sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "direction", _unit(self.direction))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        flat, _ = _along(v, self.direction)
+        step = (self.delta_sigma * self.sigma) * self.direction.to(v.dtype).to(v.device)
+        return (flat + step).reshape(v.shape)
+
+
+OPS = ("cut", "only", "shift+", "shift-")
+
+
+def make_op(kind: str, direction, sigma: float):
+    """An operator by name: ``cut``, ``only``, ``shift+`` (+1 sigma) or ``shift-`` (-1 sigma)."""
+    if kind == "cut":
+        return AxisCut(direction)
+    if kind == "only":
+        return AxisOnly(direction)
+    if kind in ("shift+", "shift-"):
+        return AxisShift(direction, sigma, 1.0 if kind == "shift+" else -1.0)
+    raise ValueError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS)}.")
+
+
+@contextmanager
+def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator:
+    """Apply ``edits[layer]`` to ``hook_v`` of each layer (negative: from the end) at every position; the hooks are
+    removed on exit, also after an exception."""
+    n = model.cfg.n_layers
+    hooks = []
+    for layer, op in edits.items():
+        idx = layer + n if layer < 0 else layer
+        if not 0 <= idx < n:
+            raise ValueError(f"Layer {layer} is out of range for a model with {n} layers.")
+        hooks.append((HOOK_V.format(layer=idx), lambda v, hook, op=op: op(v)))
+    with model.hooks(fwd_hooks=hooks):
+        yield model
+
+
+def _generator(seed: int, family: str, layer: int, draw: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, sum(map(ord, family)), layer, draw]))
+
+
+def _orthogonal(v: np.ndarray, u: np.ndarray) -> np.ndarray:
+    v = v - (v @ u) * u
+    return v / np.linalg.norm(v)
+
+
+def isotropic_axes(u, n: int, *, layer: int, seed: int) -> np.ndarray:
+    """[n, dim] Gaussian unit directions orthogonal to ``u``."""
+    u = as_float64(_unit(u))
+    return np.stack([_orthogonal(_generator(seed, "isotropic", layer, i).standard_normal(len(u)), u) for i in range(n)])
+
+
+def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """([n, dim] unit directions orthogonal to ``u``, [n] their projected variance / u's) over ``values``.
+
+    Each draw rotates a random direction g of the top-``top`` principal subspace orthogonal to u (variance >= the
+    target) towards an isotropic h orthogonal to both (variance below it) until the variance matches, by bisection.
+    When no direction orthogonal to u carries u's variance (u is the top principal direction), the draws are
+    the strongest ones available and the ratio, below 1, says so.
+    """
+    x = as_float64(values)
+    x = x - x.mean(axis=0)
+    u = as_float64(_unit(u))
+    proj = np.eye(len(u)) - np.outer(u, u)
+    cov = x.T @ x / (len(x) - 1)
+    target = u @ cov @ u
+    evals, vecs = np.linalg.eigh(proj @ cov @ proj)  # variance orthogonal to u
+    basis = vecs[:, ::-1][:, :top]
+    out = []
+    for i in range(n):
+        rng = _generator(seed, "matched", layer, i)
+        g = _orthogonal(basis @ rng.standard_normal(basis.shape[1]), u)
+        if g @ cov @ g < target:
+            g = vecs[:, -1]  # the strongest direction orthogonal to u
+        h = _orthogonal(_orthogonal(rng.standard_normal(len(u)), u), g)
+        lo, hi = 0.0, np.pi / 2
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            r = np.cos(mid) * g + np.sin(mid) * h
+            lo, hi = (mid, hi) if r @ cov @ r > target else (lo, mid)
+        out.append(np.cos(lo) * g + np.sin(lo) * h)
+    out = np.stack(out)
+    return out, np.einsum("nd,de,ne->n", out, cov, out) / target
+
+
+def pc_axes(values, k: int = 4) -> np.ndarray:
+    """[k-1, dim] principal components 2..k of the standardised values, carried back to raw space as readouts."""
+    x = as_float64(values)
+    sd = x.std(axis=0, ddof=1)
+    _, comps, _ = pca(x)
+    dirs = comps[1:k] / np.where(sd > 0, sd, 1.0)
+    return dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
+
+
+def control_axes(values, u, *, layer: int, seed: int, n_isotropic: int, n_matched: int, n_pcs: int) -> dict:
+    """family -> [n_draws, dim] control directions for one layer (and the matched family's variance ratios)."""
+    matched, ratio = matched_axes(values, u, n_matched, layer=layer, seed=seed)
+    return dict(isotropic=isotropic_axes(u, n_isotropic, layer=layer, seed=seed), matched=matched,
+                pcs=pc_axes(values, n_pcs + 1)), ratio
+
+
+@dataclass
+class InterventionResult:
+    """One row per (layer set, operator, axis kind, draw), the per-prompt baseline, and the forward-pass count."""
+
+    rows: list[dict]
+    baseline: dict
+    n_forward_prompts: int
+    true_entropy: dict  # (layer set, op) -> [n] model entropy under the true-axis edit, for bootstrap intervals
+
+    def table(self):
+        """The rows as a pandas DataFrame (tidy: one measurement set per row)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+
+def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
+    """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with
+    Bayes entropy and label accuracy for k >= 1."""
+    from .geometry import correlations
+
+    k, bayes = np.asarray(task["k"]), np.asarray(task["bayes_entropy"])
+    err = np.abs(entropy - bayes)
+    pos = k >= 1
+    out = dict(mae=float(err.mean()), mae_k_ge_1=float(err[pos].mean()),
+               corr_bayes=correlations(entropy[pos], bayes[pos])["pearson"],
+               accuracy=float((label_logprobs[pos].argmax(-1) == np.asarray(task["latent"])[pos]).mean()))
+    out.update({f"mae_k{kk}": float(err[k == kk].mean()) for kk in sorted(set(k.tolist()))})
+    return out
+
+
+def _geometry(acts, directions: dict[int, np.ndarray], spread: dict[int, float] | None = None) -> dict:
+    """corr(v_L . u_L, model entropy) at every collected layer L (on the values this run actually computed).
+
+    Where the projection has lost its spread (below 1e-6 of ``spread[L]``, the unperturbed one: after a cut on
+    that axis) the correlation would be one of rounding noise, so it is NaN.
+    """
+    from .geometry import correlations
+
+    h = as_float64(acts.entropy)
+    out = {}
+    for layer, u in directions.items():
+        proj = as_float64(acts.values(layer)) @ u
+        flat = spread is not None and proj.std() < 1e-6 * spread[layer]
+        out[f"geom_L{layer}"] = float("nan") if flat else correlations(proj, h)["pearson"]
+    return out
+
+
+def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, *,
+                      label_tokens: list[int], layer_sets: list[list[int]], ops=OPS, n_isotropic: int = 20,
+                      n_matched: int = 20, n_pcs: int = 3, seed: int = 0, batch_size: int | None = None,
+                      progress: bool = True) -> InterventionResult:
+    """Edit the value axis of each layer set with each operator, for the true axes and every control draw.
+
+    axes: layer -> EntropyAxis (fitted on other prompts: cross-fitting); fit_values: layer -> the values the axes
+    were fitted on (for the matched and PC controls); task: columns ``k``, ``latent``, ``bayes_entropy`` of the
+    evaluation ``prompts``. Geometry is read at every axis layer from the values each run computes: at an edited
+    layer it sees the edited values (nearly tautological after a cut, as in the paper), at later layers values
+    computed downstream of the edit.
+    """
+    from tqdm.auto import tqdm
+
+    from .extract import collect
+    from .geometry import correlations
+
+    layers = sorted(axes)
+    true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
+    sigma = {layer: axes[layer].sigma for layer in layers}
+    controls, ratios = {}, {}
+    for layer in layers:
+        controls[layer], ratios[layer] = control_axes(fit_values[layer], axes[layer].direction, layer=layer,
+                                                      seed=seed, n_isotropic=n_isotropic, n_matched=n_matched,
+                                                      n_pcs=n_pcs)
+
+    def run(edits=None):
+        with intervene(model, edits or {}):
+            return collect(model, prompts, layers=layers, readings=("v",), label_tokens=label_tokens,
+                           batch_size=batch_size, keep_logprobs=True, progress=False)
+
+    base = run()
+    base_lp = base.logprobs.double()
+    spread = {layer: float((as_float64(base.values(layer)) @ u).std()) for layer, u in true_dirs.items()}
+    baseline = dict(_behaviour(as_float64(base.entropy), base.label_logprobs.numpy(), task),
+                    **_geometry(base, true_dirs), entropy=as_float64(base.entropy).tolist())
+    kinds = [("true", 0)] + [(fam, i) for fam, n in (("isotropic", n_isotropic), ("matched", n_matched),
+                                                     ("pcs", n_pcs)) for i in range(n)]
+    rows, true_entropy = [], {}
+    bar = tqdm(total=len(layer_sets) * len(ops) * len(kinds), desc="interventions", disable=not progress)
+    for layer_set in layer_sets:
+        for op in ops:
+            for kind, draw in kinds:
+                dirs = {layer: true_dirs[layer] if kind == "true" else controls[layer][kind][draw]
+                        for layer in layer_set}
+                acts = run({layer: make_op(op, torch.tensor(d), sigma[layer]) for layer, d in dirs.items()})
+                lp = acts.logprobs.double()
+                kl = (lp.exp() * (lp - base_lp)).sum(-1) / np.log(2)  # KL(edited || unperturbed), bits
+                h = as_float64(acts.entropy)
+                row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
+                           kl_bits=float(kl.mean()),
+                           corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
+                           **_behaviour(h, acts.label_logprobs.numpy(), task), **_geometry(acts, true_dirs, spread))
+                if kind == "matched":
+                    row["variance_ratio"] = float(np.mean([ratios[layer][draw] for layer in layer_set]))
+                rows.append(row)
+                if kind == "true":
+                    true_entropy[(row["layer_set"], op)] = h
+                bar.update(1)
+    bar.close()
+    n_runs = 1 + len(layer_sets) * len(ops) * len(kinds)
+    return InterventionResult(rows, baseline, n_runs * len(prompts), true_entropy)
+
+
+def summarize(result: InterventionResult, task: dict, *, metrics=("mae_k_ge_1", "corr_bayes", "kl_bits"),
+              n_boot: int = 1000, seed: int = 0) -> list[dict]:
+    """Per (layer set, op, metric): the true axis' effect (value minus baseline; KL as is), the control families'
+    effects (mean and 95% range), the true effect's percentile within each family, and for the MAE a bootstrap
+    interval over prompts."""
+    import pandas as pd
+
+    df = pd.DataFrame(result.rows)
+    base = result.baseline
+    bayes, k = np.asarray(task["bayes_entropy"]), np.asarray(task["k"])
+    base_h = np.asarray(base["entropy"])
+    pos = np.flatnonzero(k >= 1)
+    rng = np.random.default_rng(seed)
+    out = []
+    for (layer_set, op), group in df.groupby(["layer_set", "op"], sort=False):
+        true = group[group.kind == "true"].iloc[0]
+        for metric in metrics:
+            ref = 0.0 if metric == "kl_bits" else base[metric]
+            entry = dict(layer_set=layer_set, op=op, metric=metric, baseline=ref, true_effect=true[metric] - ref)
+            for fam, g in group[group.kind != "true"].groupby("kind"):
+                eff = g[metric].to_numpy() - ref
+                entry[f"{fam}_mean"] = float(np.nanmean(eff))
+                entry[f"{fam}_range"] = [float(np.nanquantile(eff, 0.025)), float(np.nanquantile(eff, 0.975))]
+                entry[f"{fam}_percentile"] = float(np.mean(eff <= entry["true_effect"]))
+            if metric == "mae_k_ge_1":
+                h = result.true_entropy[(layer_set, op)]
+                boots = []
+                for _ in range(n_boot):
+                    idx = pos[rng.integers(0, len(pos), len(pos))]
+                    boots.append(np.abs(h[idx] - bayes[idx]).mean() - np.abs(base_h[idx] - bayes[idx]).mean())
+                entry["true_effect_ci"] = [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))]
+            out.append(entry)
+    return out

@@ -1,0 +1,139 @@
+"""Interventions on hook_v: equal to weight edits, exact identities, GQA group locality, controls, the runner."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import load_hf, value_rows
+from interp_bayes.interventions import (AxisCut, AxisOnly, AxisShift, intervene, isotropic_axes, matched_axes,
+                                        pc_axes, run_interventions, summarize)
+
+TEXT = "in context learning with induction heads"
+
+
+def unit(dim, seed):
+    u = torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+    return u / u.norm()
+
+
+def value_dim(bridge):
+    return (bridge.cfg.n_key_value_heads or bridge.cfg.n_heads) * bridge.cfg.d_head
+
+
+@torch.no_grad()
+def test_cut_through_hook_equals_weight_edit_at_every_layer_set(tiny):
+    bridge, _, folder = tiny
+    ids = torch.tensor([bridge.tokenizer(TEXT)["input_ids"]])
+    dim = value_dim(bridge)
+    us = {0: unit(dim, 1), 1: unit(dim, 2)}
+    with intervene(bridge, {layer: AxisCut(u) for layer, u in us.items()}):
+        hooked = bridge(ids)
+    edited = load_hf(folder)
+    for layer, u in us.items():
+        mod, rows = value_rows(edited, layer)
+        proj = torch.eye(dim) - torch.outer(u, u)
+        mod.weight[rows] = proj @ mod.weight[rows]
+        if mod.bias is not None:
+            mod.bias[rows] = proj @ mod.bias[rows]
+    torch.testing.assert_close(hooked, edited(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_identities_are_exact_and_hooks_are_removed(tiny):
+    bridge, _, _ = tiny
+    ids = torch.tensor([bridge.tokenizer(TEXT)["input_ids"]])
+    base = bridge(ids)
+    u = unit(value_dim(bridge), 3)
+    for op in (AxisCut(u, scale=1.0), AxisShift(u, sigma=2.0, delta_sigma=0.0)):
+        with intervene(bridge, {-1: op}):
+            out = bridge(ids)
+        assert torch.equal(out, base)  # v - 0*(v.u)u and v + 0*u are bit-exact
+    with pytest.raises(RuntimeError, match="inside"):
+        with intervene(bridge, {-1: AxisCut(u)}):
+            raise RuntimeError("inside")
+    assert all(len(hp.fwd_hooks) == 0 for hp in bridge.hook_dict.values())
+    with intervene(bridge, {-1: AxisOnly(u)}):
+        assert (bridge(ids) - base).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_cut_on_one_kv_head_touches_only_its_query_group(tiny_dirs):
+    from interp_bayes.models import load_model
+
+    bridge = load_model(tiny_dirs["llama3"])  # 4 query heads, 2 kv heads of 24: group g = query heads 2g, 2g+1
+    ids = torch.tensor([bridge.tokenizer(TEXT)["input_ids"]])
+    u = torch.zeros(2 * 24)
+    u[24:] = unit(24, 4)  # confined to kv head 1
+    name = "blocks.1.attn.hook_z"
+    _, base = bridge.run_with_cache(ids, names_filter=name)
+    with intervene(bridge, {1: AxisCut(u)}):
+        _, cut = bridge.run_with_cache(ids, names_filter=name)
+    z0, z1 = base[name], cut[name]
+    assert torch.equal(z0[:, :, :2], z1[:, :, :2])  # query heads of kv head 0: untouched
+    assert (z0[:, :, 2:] - z1[:, :, 2:]).abs().max() > 1e-4
+
+
+def test_operators_keep_dtype_device_and_decompose():
+    v = torch.randn(2, 5, 3, 4, dtype=torch.bfloat16)
+    u = unit(12, 5)
+    for op in (AxisCut(u), AxisOnly(u), AxisShift(u, 1.5)):
+        out = op(v)
+        assert out.dtype == v.dtype and out.shape == v.shape and out.device == v.device
+    v64 = torch.randn(7, 12, dtype=torch.float64)
+    torch.testing.assert_close(AxisCut(u)(v64) + AxisOnly(u)(v64), v64)
+    assert torch.allclose(AxisCut(u)(v64) @ u.double(), torch.zeros(7, dtype=torch.float64), atol=1e-6)
+    shifted = AxisShift(u, sigma=2.0, delta_sigma=-1.5)(v64)
+    torch.testing.assert_close((shifted - v64) @ u.double(), torch.full((7,), -3.0, dtype=torch.float64), atol=1e-6,
+                               rtol=0)
+
+
+def test_control_axes_are_unit_orthogonal_reproducible_and_matched():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 30)) * np.linspace(3, 0.2, 30)  # a decaying spectrum
+    x[:, 0] *= 2  # with a clear top direction
+    u = np.zeros(30)
+    u[3] = 1.0  # the 4th strongest coordinate: directions orthogonal to it can carry its variance
+    iso = isotropic_axes(u, 5, layer=2, seed=1)
+    np.testing.assert_allclose(np.linalg.norm(iso, axis=1), 1.0)
+    np.testing.assert_allclose(iso @ u, 0.0, atol=1e-12)
+    assert np.array_equal(iso, isotropic_axes(u, 5, layer=2, seed=1))
+    assert not np.allclose(iso, isotropic_axes(u, 5, layer=3, seed=1))
+    matched, ratio = matched_axes(x, u, 6, layer=2, seed=1)
+    np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
+    np.testing.assert_allclose(matched @ u, 0.0, atol=1e-12)
+    _, ratio_top = matched_axes(x, np.eye(30)[0], 3, layer=2, seed=1)  # the top direction cannot be matched
+    assert np.all(ratio_top < 1.0)
+    pcs = pc_axes(x, 4)
+    assert pcs.shape == (3, 30) and np.allclose(np.linalg.norm(pcs, axis=1), 1.0)
+
+
+def test_runner_rows_and_summary(tiny_dirs):
+    from interp_bayes.axis import fit_entropy_axis
+    from interp_bayes.extract import collect
+    from interp_bayes.models import load_model
+    from interp_bayes.tasks.icl import SULATask
+
+    bridge = load_model(tiny_dirs["llama3"])
+    task = SULATask.for_tokenizer(bridge.tokenizer, per_k=4)
+    cols = task.generate("main", seed=0)
+    labels = task.label_token_ids(bridge.tokenizer)
+    fit_idx, eval_idx = list(range(0, 20, 2)), list(range(1, 20, 2))
+    acts = collect(bridge, cols["text"], layers=(0, 1), label_tokens=labels, progress=False)
+    with pytest.raises(ValueError, match="identical for every prompt"):  # layer 0 sees only the final token
+        fit_entropy_axis(acts, 0)
+    axes = {1: fit_entropy_axis(acts, 1, subset=fit_idx, folds=0)}
+    fit_values = {1: acts.values(1)[fit_idx]}
+    ev = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
+    res = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev, label_tokens=labels,
+                            layer_sets=[[1]], n_isotropic=2, n_matched=2, n_pcs=1, progress=False)
+    assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (1 + 24) * 10
+    table = res.table()
+    assert set(table.kind) == {"true", "isotropic", "matched", "pcs"}
+    assert (table.kl_bits >= -1e-9).all() and table.kl_bits.max() > 0
+    cut_last = table[(table.layer_set == "1") & (table.op == "cut") & (table.kind == "true")].iloc[0]
+    assert np.isnan(cut_last.geom_L1)  # v.u has no spread left after the cut: no correlation to speak of
+    assert res.baseline["mae"] >= 0 and len(res.baseline["entropy"]) == 10
+    summary = summarize(res, ev, n_boot=50)
+    assert len(summary) == 4 * 3
+    mae = next(s for s in summary if s["metric"] == "mae_k_ge_1" and s["op"] == "cut" and s["layer_set"] == "1")
+    assert mae["true_effect_ci"][0] <= mae["true_effect_ci"][1] and 0 <= mae["isotropic_percentile"] <= 1
