@@ -5,7 +5,7 @@ skips every probe whose ``metrics.json`` exists; activations collected for one p
 shared with the others. The model is loaded only when something must be computed.
 
 A probe is a YAML recipe (``probes/*.yaml`` or a path): ``kind`` picks the analysis, the other keys are its
-parameters. Kinds: ``manifold``, ``keys``, ``focusing``, ``icl``, ``axis``.
+parameters. Kinds: ``manifold``, ``keys``, ``focusing``, ``icl``, ``axis``, ``interventions``.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class Context:
 
     def __init__(self, folder: Path, config: SweepConfig, say: Callable[..., None]) -> None:
         self.folder, self.config, self.say = folder, config, say
+        self.probe_folder = folder  # the running probe's own folder, set by run_sweep
         self._model = None
 
     @property
@@ -242,8 +243,55 @@ def axis_probe(ctx: Context, p: dict) -> dict:
     return out
 
 
+def split_by_k(k: list[int], seed: int) -> tuple[list[int], list[int]]:
+    """Two halves of the prompt indices, each holding half of every k (the fit / evaluation split)."""
+    rng = np.random.default_rng(seed)
+    fit, ev = [], []
+    k = np.asarray(k)
+    for kk in sorted(set(k.tolist())):
+        idx = rng.permutation(np.flatnonzero(k == kk))
+        fit += idx[: len(idx) // 2].tolist()
+        ev += idx[len(idx) // 2:].tolist()
+    return sorted(fit), sorted(ev)
+
+
+def interventions_probe(ctx: Context, p: dict) -> dict:
+    """Paper III's causal test on SULA: cut / only / +-1 sigma shift of the entropy axis at single layers and a
+    multi-layer set, against isotropic, variance-matched and PC control axes. The axes are fitted on one half of
+    the prompts (half of every k) and the edits evaluated on the other half (``fit: in_sample`` fits on the
+    evaluation half itself, as the paper did)."""
+    from .interventions import run_interventions, summarize
+
+    acts, cols = _sula(ctx, p, "main")
+    fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
+    if p.get("fit", "cross") == "in_sample":
+        fit_idx = eval_idx
+    n = ctx.n_layers()
+    layer_sets = [ctx.layers(s) if s == "spread5" else [(int(x) + n) % n for x in s] for s in p["layer_sets"]]
+    layers = sorted({x for s in layer_sets for x in s})
+    axes = {layer: fit_entropy_axis(acts, layer, p.get("method", "pc1"), subset=fit_idx, folds=0,
+                                    seed=ctx.config.seed) for layer in layers}
+    task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
+    t = time.perf_counter()
+    res = run_interventions(ctx.model, [cols["text"][i] for i in eval_idx], axes,
+                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
+                            label_tokens=read_json(ctx.folder / "sula_task.json")["ids"]["main"],
+                            layer_sets=layer_sets, ops=p.get("ops", ["cut", "only", "shift+", "shift-"]),
+                            n_isotropic=p.get("n_isotropic", 20), n_matched=p.get("n_matched", 20),
+                            n_pcs=p.get("n_pcs", 3), seed=ctx.config.seed, batch_size=ctx.config.batch_size,
+                            progress=not ctx.config.quiet)
+    write_json(ctx.probe_folder / "rows.json", res.rows)
+    baseline = {k: v for k, v in res.baseline.items() if k != "entropy"}
+    return dict(fit=p.get("fit", "cross"), method=p.get("method", "pc1"), layer_sets=layer_sets,
+                n_eval=len(eval_idx), n_fit=len(fit_idx), baseline=baseline,
+                summary=summarize(res, task, seed=ctx.config.seed), n_forward_prompts=res.n_forward_prompts,
+                forward_seconds=time.perf_counter() - t,
+                axis_sigma={str(layer): a.sigma for layer, a in axes.items()})
+
+
 PROBE_KINDS: dict[str, Callable[[Context, dict], dict]] = dict(
-    manifold=manifold_probe, keys=keys_probe, focusing=focusing_probe, icl=icl_probe, axis=axis_probe)
+    manifold=manifold_probe, keys=keys_probe, focusing=focusing_probe, icl=icl_probe, axis=axis_probe,
+    interventions=interventions_probe)
 
 
 def run_sweep(config: SweepConfig) -> Run:
@@ -267,6 +315,7 @@ def run_sweep(config: SweepConfig) -> Run:
                 continue
         torch.manual_seed(config.seed)
         t = time.perf_counter()
+        ctx.probe_folder = path.parent
         metrics = PROBE_KINDS[probe.kind](ctx, probe.params)
         metrics["_probe"] = dict(kind=probe.kind, params=probe.params, seconds=time.perf_counter() - t)
         write_json(path, metrics)

@@ -93,3 +93,16 @@ def test_hub_model_offline_is_one_sentence_not_a_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "Cannot fetch 'EleutherAI/pythia-410m'" in proc.stderr
+
+
+def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
+    probe = tmp_path / "iv.yaml"
+    probe.write_text(yaml.safe_dump(dict(kind="interventions", layer_sets=[[-1]], ops=["cut", "shift+"],
+                                         n_isotropic=2, n_matched=2, n_pcs=1, per_k=4, layers=[1])))
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path), quiet=True, probes=[str(probe)]))
+    m = run.metrics["iv"]
+    assert m["n_eval"] == 10 and m["n_fit"] == 10 and m["layer_sets"] == [[1]]
+    assert m["n_forward_prompts"] == (1 + 2 * 6) * 10
+    assert {s["op"] for s in m["summary"]} == {"cut", "shift+"}
+    rows = json.loads((run.folder / "probes" / "iv" / "rows.json").read_text())
+    assert len(rows) == 2 * 6 and {r["kind"] for r in rows} == {"true", "isotropic", "matched", "pcs"}
