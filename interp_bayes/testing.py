@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral")
+TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral", "gpt2")
 _TEXTS = [
     "the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
     "The capital of France is Paris.", "def f(x): return x + 1", "a b c d e f g h i j k l m n o p",
@@ -22,8 +22,9 @@ _COMMON = dict(vocab_size=420, hidden_size=64, num_hidden_layers=2, num_attentio
 
 def tiny_config(family: str):
     """A small config exercising the family's quirks: NeoX fused qkv and partial rotary; Phi partial rotary;
-    Llama GQA with head_dim != hidden/heads; Mistral one KV head and a sliding window."""
-    from transformers import GPTNeoXConfig, LlamaConfig, MistralConfig, PhiConfig
+    Llama GQA with head_dim != hidden/heads; Mistral one KV head and a sliding window; GPT-2 (the wind tunnels'
+    architecture) fused Conv1D qkv and learned positions."""
+    from transformers import GPT2Config, GPTNeoXConfig, LlamaConfig, MistralConfig, PhiConfig
 
     if family == "pythia":
         return GPTNeoXConfig(**_COMMON, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu")
@@ -33,12 +34,19 @@ def tiny_config(family: str):
         return LlamaConfig(**_COMMON, num_key_value_heads=2, head_dim=24, rope_theta=500000.0, rms_norm_eps=1e-5)
     if family == "mistral":
         return MistralConfig(**_COMMON, num_key_value_heads=1, sliding_window=16)
+    if family == "gpt2":
+        c = _COMMON
+        return GPT2Config(vocab_size=c["vocab_size"], n_embd=c["hidden_size"], n_layer=c["num_hidden_layers"],
+                          n_head=c["num_attention_heads"], n_inner=c["intermediate_size"],
+                          n_positions=c["max_position_embeddings"], bos_token_id=0, eos_token_id=0, pad_token_id=1,
+                          tie_word_embeddings=False, activation_function="gelu")
     raise ValueError(f"Unknown tiny family '{family}'; choose one of {', '.join(TINY_FAMILIES)}.")
 
 
 def expected_parameters(config) -> int:
     """Parameter count implied by a tiny config, computed by hand (guards against ignored config keys)."""
-    d, L, V, f = config.hidden_size, config.num_hidden_layers, config.vocab_size, config.intermediate_size
+    d, L, V = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    f = getattr(config, "n_inner", None) or getattr(config, "intermediate_size", None)
     h = config.num_attention_heads
     dh = getattr(config, "head_dim", None) or d // h
     kv = getattr(config, "num_key_value_heads", None) or h
@@ -46,6 +54,9 @@ def expected_parameters(config) -> int:
     if config.model_type == "gpt_neox":  # LN (w,b) x2, fused qkv + dense with bias, MLP with bias; final LN; no lm_head bias
         per = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
         return embed + L * per + 2 * d
+    if config.model_type == "gpt2":  # learned positions; LN x2, Conv1D qkv / proj / fc / proj with bias; final LN
+        per = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+        return embed + config.n_positions * d + L * per + 2 * d
     if config.model_type == "phi":  # one LN (w,b), q/k/v/dense with bias, fc1/fc2 with bias; final LN; lm_head bias
         per = 2 * d + (d * h * dh + h * dh) + 2 * (d * kv * dh + kv * dh) + (h * dh * d + d) + (d * f + f) + (f * d + d)
         return embed + L * per + 2 * d + V

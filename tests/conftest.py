@@ -54,12 +54,23 @@ def smollm2():
     return load_model("smollm2-135m")
 
 
-def value_rows(hf, layer):
-    """(module, row indices) of the value projection's output rows, in hook_v's flattened [kv, d_head] order."""
+def value_edit(hf, layer, proj):
+    """Pre-multiply the value projection's output weights and bias of ``layer`` by ``proj`` (acting on hook_v's
+    flattened [kv, d_head] space), in each family's own layout: the independent reference for hook edits."""
     cfg = hf.config
+    if cfg.model_type == "gpt2":  # Conv1D c_attn: weight [d_in, 3d] laid out [q | k | v] along the output columns
+        mod, d = hf.transformer.h[layer].attn.c_attn, cfg.n_embd
+        cols = torch.arange(2 * d, 3 * d)
+        mod.weight[:, cols] = mod.weight[:, cols] @ proj.T
+        mod.bias[cols] = proj @ mod.bias[cols]
+        return
     if cfg.model_type == "gpt_neox":  # fused qkv, laid out per head as [q_h | k_h | v_h]
         h, dh = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
         rows = torch.arange(h * 3 * dh).view(h, 3, dh)[:, 2].reshape(-1)
-        return hf.gpt_neox.layers[layer].attention.query_key_value, rows
-    mod = hf.model.layers[layer].self_attn.v_proj
-    return mod, torch.arange(mod.out_features)
+        mod = hf.gpt_neox.layers[layer].attention.query_key_value
+    else:
+        mod = hf.model.layers[layer].self_attn.v_proj
+        rows = torch.arange(mod.out_features)
+    mod.weight[rows] = proj @ mod.weight[rows]
+    if mod.bias is not None:
+        mod.bias[rows] = proj @ mod.bias[rows]

@@ -36,12 +36,14 @@ def test_collect_matches_run_with_cache_and_hf_entropy(tiny):
 
 
 def test_batched_equals_single(tiny):
+    """Equal-length batching never pads, so only float32 rounding of different batch shapes remains."""
     bridge, _, _ = tiny
     batched = collect(bridge, PROMPTS, layers=(-1,), readings=("v", "resid"), progress=False)
     for i, text in enumerate(PROMPTS):
         single = collect(bridge, [text], progress=False, readings=("v", "resid"))
-        torch.testing.assert_close(batched.values()[i], single.values()[0], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(batched.reading("resid")[i], single.reading("resid")[0], rtol=1e-5, atol=1e-6)
+        for name in ("v", "resid"):  # relative to the vector's norm: residual norms grow large in random models
+            a, b = batched.reading(name)[i], single.reading(name)[0]
+            assert (a - b).norm() <= 1e-6 * b.norm(), (name, i, (a - b).norm() / b.norm())
         torch.testing.assert_close(batched.entropy[i], single.entropy[0], rtol=1e-5, atol=1e-6)
     assert sorted(batched.token_ids, key=len) != batched.token_ids  # order kept, not bucket order
 

@@ -3,8 +3,11 @@
 import pytest
 import torch
 
-from conftest import load_hf, value_rows
+from conftest import load_hf, value_edit
 
+# The bridge splits GPT-2's fused Conv1D c_attn into three matmuls: equal up to float32 rounding, not bitwise.
+TOLERANCE = {"gpt2": dict(rtol=1e-5, atol=1e-5)}
+EXACT = dict(rtol=0, atol=0)
 PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning with induction heads"]
 
 
@@ -26,6 +29,7 @@ def test_hook_v_equals_hf_kv_cache_at_every_layer(tiny):
 
 
 def _check_against_cache(bridge, hf, ids):
+    tol = TOLERANCE.get(hf.config.model_type, EXACT)
     cache = hf(ids, use_cache=True).past_key_values
     _, acts = bridge.run_with_cache(ids, names_filter=lambda n: n.endswith("attn.hook_v"))
     n_kv = bridge.cfg.n_key_value_heads or bridge.cfg.n_heads
@@ -33,7 +37,7 @@ def _check_against_cache(bridge, hf, ids):
         v = acts[f"blocks.{layer}.attn.hook_v"]
         assert v.shape == (1, ids.shape[1], n_kv, bridge.cfg.d_head)
         ref = cached_values(cache, layer)  # a sliding-window cache keeps only the last positions
-        torch.testing.assert_close(v[:, -ref.shape[1]:], ref, rtol=0, atol=0)
+        torch.testing.assert_close(v[:, -ref.shape[1]:], ref, **tol)
         assert ref.shape[1] >= min(ids.shape[1], 15)
 
 
@@ -41,7 +45,7 @@ def _check_against_cache(bridge, hf, ids):
 def test_bridge_logits_equal_hf_eager(tiny):
     bridge, hf, _ = tiny
     ids = ids_of(bridge, PROMPTS[0])
-    assert torch.equal(bridge(ids), hf(ids).logits)
+    torch.testing.assert_close(bridge(ids), hf(ids).logits, **TOLERANCE.get(hf.config.model_type, EXACT))
 
 
 @torch.no_grad()
@@ -78,11 +82,7 @@ def test_projection_through_hook_equals_weight_edit(tiny):
         hooked = bridge(ids)
 
     edited = load_hf(folder)
-    mod, rows = value_rows(edited, layer)
-    proj = torch.eye(dim) - torch.outer(u, u)
-    mod.weight[rows] = proj @ mod.weight[rows]
-    if mod.bias is not None:
-        mod.bias[rows] = proj @ mod.bias[rows]
+    value_edit(edited, layer, torch.eye(dim) - torch.outer(u, u))
     expected = edited(ids).logits
     torch.testing.assert_close(hooked, expected, rtol=1e-5, atol=1e-5)
     assert (hooked - bridge(ids)).abs().max() > 1e-3  # the edit did something

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import load_hf, value_rows
+from conftest import load_hf, value_edit
 from interp_bayes.interventions import (AxisCut, AxisOnly, AxisShift, intervene, isotropic_axes, matched_axes,
                                         pc_axes, run_interventions, summarize)
 
@@ -30,11 +30,7 @@ def test_cut_through_hook_equals_weight_edit_at_every_layer_set(tiny):
         hooked = bridge(ids)
     edited = load_hf(folder)
     for layer, u in us.items():
-        mod, rows = value_rows(edited, layer)
-        proj = torch.eye(dim) - torch.outer(u, u)
-        mod.weight[rows] = proj @ mod.weight[rows]
-        if mod.bias is not None:
-            mod.bias[rows] = proj @ mod.bias[rows]
+        value_edit(edited, layer, torch.eye(dim) - torch.outer(u, u))
     torch.testing.assert_close(hooked, edited(ids).logits, rtol=1e-5, atol=1e-5)
 
 
