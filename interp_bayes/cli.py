@@ -10,6 +10,7 @@ from .errors import InterpBayesError
 
 def _sweep(args: argparse.Namespace) -> None:
     from .config import SweepConfig
+    from .report.html import build_report
     from .report.tables import markdown_summary
     from .sweep import run_sweep
 
@@ -21,6 +22,7 @@ def _sweep(args: argparse.Namespace) -> None:
     run = run_sweep(config)
     print(markdown_summary(run.metrics, config.model))
     print(f"run folder: {run.folder}")
+    print(f"report: {build_report(run.folder)}")
 
 
 def _models(args: argparse.Namespace) -> None:
@@ -53,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dynamics", help="Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision")
     add_dynamics_arguments(p)
     p.set_defaults(func=dynamics_main)
+
+    from .report.html import add_compare_arguments, add_report_arguments, compare_main, report_main
+
+    p = sub.add_parser("report", help="(re)build report.html of a run folder from the folder alone")
+    add_report_arguments(p)
+    p.set_defaults(func=report_main)
+
+    p = sub.add_parser("compare", help="one page comparing several run folders (Paper III Table 2 layout)")
+    add_compare_arguments(p)
+    p.set_defaults(func=compare_main)
 
     p = sub.add_parser("models", help="list the registry's model aliases")
     p.set_defaults(func=_models)

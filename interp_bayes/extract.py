@@ -286,4 +286,6 @@ def collect(
         entropy_over="labels" if labels is not None else "vocabulary", entropy_unit="bits",
         prompt_digest=prompt_digest(token_ids), n_prompts=n,
     )
+    if isinstance(prompts, (list, tuple)) and isinstance(prompts[0], str):
+        meta["texts"] = list(prompts)  # so a run folder shows its prompts without the prompt files
     return Activations(out, entropy, token_ids, meta, label_logprobs, next_token, logprobs)

@@ -24,7 +24,7 @@ from .axis import fit_entropy_axis
 from .config import ConfigError, SweepConfig
 from .extract import Activations, collect
 from .geometry import (attention_focusing, correlations, key_orthogonality, key_orthogonality_null,
-                       manifold_report)
+                       manifold_report, resample_shares)
 from .models import load_model, model_info
 from .prompts import load_prompts, stratified_sample
 from .store import atomic_write_text, environment, read_json, write_json
@@ -127,18 +127,25 @@ def _pool(ctx: Context, prompts: str) -> tuple[Activations, list[str]]:
 
 
 def manifold_probe(ctx: Context, p: dict) -> dict:
-    """Stratified prompt set (per_bin per entropy quantile, optionally one domain) -> value-manifold report."""
+    """Stratified prompt set (per_bin per entropy quantile, optionally one domain) -> value-manifold report, with
+    an interval over ``n_resample`` fresh stratified draws from the same pool beside the bootstrap."""
     acts, domains = _pool(ctx, p.get("prompts", ctx.config.prompts))
     pool_idx = np.arange(len(acts)) if p.get("domain") is None else np.flatnonzero(np.array(domains) == p["domain"])
     if len(pool_idx) == 0:
         raise ConfigError(f"No prompts of domain {p['domain']!r} in {p.get('prompts', 'pool')}.")
-    chosen = pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.get("per_bin", 15),
-                                        n_bins=p.get("n_bins", 5), seed=ctx.config.seed)]
-    out = dict(domain=p.get("domain"), indices=chosen.tolist(), entropy=acts.entropy[chosen].tolist(), layers={})
+    def draw(seed: int) -> np.ndarray:
+        return pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.get("per_bin", 15),
+                                          n_bins=p.get("n_bins", 5), seed=seed)]
+
+    chosen = draw(ctx.config.seed)
+    redraws = [draw(ctx.config.seed + 1 + r) for r in range(p.get("n_resample", 200))]
+    out = dict(domain=p.get("domain"), indices=chosen.tolist(), entropy=acts.entropy[chosen].tolist(),
+               pool_size=int(len(pool_idx)), layers={})
     for layer in acts.layers:
-        out["layers"][str(layer)] = manifold_report(acts.values(layer)[chosen], acts.entropy[chosen],
-                                                    n_boot=p.get("n_boot", 1000), n_null=p.get("n_null", 200),
-                                                    seed=ctx.config.seed)
+        rep = manifold_report(acts.values(layer)[chosen], acts.entropy[chosen], n_boot=p.get("n_boot", 1000),
+                              n_null=p.get("n_null", 200), seed=ctx.config.seed)
+        rep["resample"] = resample_shares(acts.values(layer), redraws)
+        out["layers"][str(layer)] = rep
     return out
 
 

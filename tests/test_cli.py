@@ -13,12 +13,12 @@ from interp_bayes.config import ConfigError, SweepConfig
 from interp_bayes.sweep import builtin_probes, load_probe, run_sweep
 
 SMALL_PROBES = {  # the built-in recipes at toy sizes, for the 64-prompt basic set and a 2-layer model
-    "mixed.yaml": dict(kind="manifold", per_bin=4, n_boot=30, n_null=10),
-    "math.yaml": dict(kind="manifold", domain="mathematics", per_bin=2, n_boot=30, n_null=10),
+    "mixed.yaml": dict(kind="manifold", per_bin=4, n_boot=30, n_null=10, n_resample=10),
+    "math.yaml": dict(kind="manifold", domain="mathematics", per_bin=2, n_boot=30, n_null=10, n_resample=10),
     "keys.yaml": dict(kind="keys", n_null=10),
     "focusing.yaml": dict(kind="focusing", per_bin=3, n_boot=30),
-    "icl.yaml": dict(kind="icl", per_k=4, layers=[0, 1], n_boot=30, n_null=10),
-    "axis.yaml": dict(kind="axis", per_k=4, layers=[0, 1], folds=3),
+    "icl.yaml": dict(kind="icl", per_k=4, layers=[1], n_boot=30, n_null=10),  # layer 0 sees the last token only
+    "axis.yaml": dict(kind="axis", per_k=4, layers=[1], folds=3),
 }
 
 
@@ -47,6 +47,7 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
     assert rep["dim"] == 2 * 24 and rep["n_prompts"] == 20  # GQA: 2 kv heads of 24; 4 per quintile
     assert 0 < rep["pc1_share"] <= rep["pc12_share"] <= 1
     assert rep["bootstrap"]["pc1_ci"][0] <= rep["bootstrap"]["pc1_ci"][1]
+    assert rep["resample"]["n_resample"] == 10 and rep["resample"]["pc1_ci"][0] <= rep["resample"]["pc1_ci"][1]
     assert len(metrics["math"]["indices"]) == 10
     assert metrics["icl"]["conditions"]["shuffled"]["overall"]["bayes_entropy"] == 1.0
     env = json.loads((folder / "env.json").read_text())

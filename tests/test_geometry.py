@@ -112,3 +112,18 @@ def test_attention_entropy_reading_and_focusing(tiny):
     foc = attention_focusing({0: torch.tensor([[2.0, 4.0], [2.0, 4.0]]), 5: torch.tensor([[1.0, 2.0], [0.5, 0.5]])},
                              n_boot=50)
     assert foc["mean_entropy"] == [3.0, 1.0] and foc["reduction"] == pytest.approx(2 / 3)
+
+
+def test_resampled_interval_covers_a_fresh_set_where_the_bootstrap_is_biased():
+    """n < d: bootstrap duplicates inflate the PC1 share; fresh draws from the pool do not."""
+    from interp_bayes.geometry import resample_shares
+
+    rng = np.random.default_rng(11)
+    pool = rng.standard_normal((800, 192))
+    first = np.arange(75)
+    point = shares(spectrum(pool[first]))[0]
+    draws = [rng.choice(np.arange(75, 800), size=75, replace=False) for _ in range(100)]
+    res = resample_shares(pool, draws)
+    assert res["pc1_ci"][0] <= point <= res["pc1_ci"][1] and res["n_resample"] == 100
+    boot = bootstrap_shares(pool[first], n_boot=200)
+    assert boot["pc1_ci"][0] > point  # the bootstrap interval misses the very share it resamples

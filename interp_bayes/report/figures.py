@@ -23,6 +23,7 @@ from ..geometry import pca
 from ..prompts import load_prompts
 from ..store import read_json
 from ..tasks.icl import SULATask
+from .tables import share_interval
 
 # (probe name, label) of the value-manifold prompt sets, as in tables.summary_rows
 MANIFOLD_PROBES = (("manifold_mixed", "mixed"), ("manifold_math", "math"), ("manifold_code", "code"))
@@ -96,9 +97,11 @@ class RunData:
         return Activations.load(path) if (path / "activations.json").exists() else None
 
     def pool_texts(self, probe: str) -> list[str] | None:
-        """The pool's prompt texts, when the prompt set named in the config can still be read and matches the
-        saved activations in size (the run folder keeps token ids, not text)."""
+        """The pool's prompt texts: stored with the activations, or (older runs) the prompt set named in the
+        config when it can still be read and matches the saved activations in size."""
         meta = self._pool_path(probe) / "activations.json"
+        if meta.exists() and "texts" in read_json(meta):
+            return read_json(meta)["texts"]
         try:
             texts = list(load_prompts(self._pool_name(probe))["text"])
         except InterpBayesError:
@@ -168,8 +171,9 @@ def manifold_scatter(run: RunData) -> go.Figure | None:
 
 
 def pc_shares(run: RunData) -> go.Figure | None:
-    """PC1 and PC1+PC2 shares per prompt set with bootstrap 95% intervals, beside the permuted and Gaussian
-    nulls (mean and 95% range): a share means something only where it clears its nulls."""
+    """PC1 and PC1+PC2 shares per prompt set with 95% intervals (over fresh prompt sets from the pool where the
+    probe drew them, else the bootstrap), beside the permuted and Gaussian nulls (mean and 95% range): a share
+    means something only where it clears its nulls."""
     reports = [(label, m["layers"][last_layer(m)]) for _, label, m in run.manifold_sets()]
     if "icl" in run.metrics:
         reports += [(label, run.metrics["icl"][key]) for key, label in SULA_GEOMETRY if key in run.metrics["icl"]]
@@ -179,8 +183,8 @@ def pc_shares(run: RunData) -> go.Figure | None:
     labels = [label for label, _ in reports]
     for col, which in enumerate(("pc1", "pc12"), start=1):
         obs = np.array([r[f"{which}_share"] for _, r in reports])
-        ci = np.array([r["bootstrap"][f"{which}_ci"] for _, r in reports])
-        fig.add_trace(go.Bar(x=labels, y=obs, name="observed (bootstrap 95% CI)", marker_color=COLOURS["observed"],
+        ci = np.array([share_interval(r, which)[0] for _, r in reports])
+        fig.add_trace(go.Bar(x=labels, y=obs, name="observed (95% interval)", marker_color=COLOURS["observed"],
                              showlegend=col == 1, error_y=dict(type="data", array=np.clip(ci[:, 1] - obs, 0, None),
                                                                arrayminus=np.clip(obs - ci[:, 0], 0, None))),
                       row=1, col=col)

@@ -145,7 +145,9 @@ def build_report(run_folder: str | Path) -> Path:
     run = RunData.load(run_folder)
     body = (f"<h1>interp_bayes report: {_e(run.name)}</h1>{_provenance(run)}"
             "<h2 id=\"summary\">Summary: this run beside Paper III</h2>"
-            "<p class=\"note\">Shares are at the last layer: observed (bootstrap 95% CI); null = mean share of "
+            "<p class=\"note\">Shares are at the last layer: observed (95% interval over fresh stratified prompt "
+            "sets from the pool); the bootstrap mean, the paper's statistic, sits above the observed share because "
+            "resampled duplicates inflate PCA shares when prompts are fewer than dimensions; null = mean share of "
             "permuted / Gaussian clouds of the same size. Paper values as printed (Tables 1-2, §5).</p>"
             f"{_summary(run)}{_figure_sections(run_figures(run))}{_examples(run)}")
     return atomic_write_text(run.folder / "report.html", _page(f"interp_bayes: {run.name}", body))
@@ -181,7 +183,7 @@ def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     sources = "".join(f"<li><b>{_e(r.name)}</b>: <code>{_e(r.folder)}</code> (seed {_e(r.config.get('seed'))}, "
                       f"commit {_e((r.env.get('git_commit') or 'unknown')[:12])})</li>" for r in runs)
     body = (f"<h1>interp_bayes: {len(runs)} models compared</h1><ul class=\"sub\">{sources}</ul>"
-            "<h2>Table 2 layout</h2><p class=\"note\">Shares at the last layer with bootstrap 95% CI and null "
+            "<h2>Table 2 layout</h2><p class=\"note\">Shares at the last layer with 95% intervals and null "
             "means; key orthogonality over 10-90% of heads with the Gaussian null; grey rows: Paper III as "
             "printed.</p>"
             + _table(header, rows, ["ours"] + ["num"] * len(COMPARE_COLUMNS),

@@ -28,11 +28,21 @@ def _last(probe: dict) -> dict:
     return probe["layers"][max(probe["layers"], key=int)]
 
 
+def share_interval(rep: dict, which: str) -> tuple[list[float], str]:
+    """The interval to show for a share: over fresh prompt sets from the pool where the probe drew them, else
+    the bootstrap (biased upward when prompts are fewer than coordinates; see geometry.bootstrap_shares)."""
+    if "resample" in rep:
+        return rep["resample"][f"{which}_ci"], "resampled"
+    return rep["bootstrap"][f"{which}_ci"], "bootstrap"
+
+
 def share_cells(rep: dict, which: str) -> str:
-    """'PC1 share [bootstrap CI]; nulls: permuted mean / gaussian mean' for a manifold report."""
-    b, n = rep["bootstrap"], rep["nulls"]
-    return (f"{_pct(rep[f'{which}_share'])} {_ci(b[f'{which}_ci'])}; null {_pct(n['permuted'][f'{which}_mean'])} / "
-            f"{_pct(n['gaussian'][f'{which}_mean'])}")
+    """'share (interval); bootstrap mean; null permuted / gaussian' for a manifold report."""
+    ci, kind = share_interval(rep, which)
+    n = rep["nulls"]
+    return (f"{_pct(rep[f'{which}_share'])} ({kind} {100 * ci[0]:.1f}, {100 * ci[1]:.1f}); "
+            f"bootstrap mean {_pct(rep['bootstrap'][f'{which}_mean'])}; "
+            f"null {_pct(n['permuted'][f'{which}_mean'])} / {_pct(n['gaussian'][f'{which}_mean'])}")
 
 
 def summary_rows(metrics: dict) -> list[tuple[str, str]]:
