@@ -5,7 +5,7 @@ skips every probe whose ``metrics.json`` exists; activations collected for one p
 shared with the others. The model is loaded only when something must be computed.
 
 A probe is a YAML recipe (``probes/*.yaml`` or a path): ``kind`` picks the analysis, the other keys are its
-parameters. Kinds: ``manifold``, ``keys``, ``focusing``, ``icl``, ``axis``, ``interventions``.
+parameters. Kinds: ``manifold``, ``keys``, ``focusing``, ``icl``, ``axis``, ``interventions``, ``windtunnel``.
 """
 
 from __future__ import annotations
@@ -105,14 +105,15 @@ class Context:
             write_json(meta, dict(model_info(self.model).to_dict(), n_layers=self.model.cfg.n_layers))
         return read_json(meta)["n_layers"]
 
-    def activations(self, key: str, prompts: Callable[[], list], **collect_kw) -> Activations:
-        """The activation set ``key`` from ``acts/<key>``, collected (and saved) on first use."""
+    def activations(self, key: str, prompts: Callable[[], list], model=None, **collect_kw) -> Activations:
+        """The activation set ``key`` from ``acts/<key>``, collected (and saved) on first use, from the sweep's
+        model or the given one."""
         path = self.folder / "acts" / key
         if (path / "activations.json").exists():
             return Activations.load(path)
         self.say(f"collecting {key}")
-        acts = collect(self.model, prompts(), progress=not self.config.quiet, batch_size=self.config.batch_size,
-                       **collect_kw)
+        acts = collect(model or self.model, prompts(), progress=not self.config.quiet,
+                       batch_size=self.config.batch_size, **collect_kw)
         acts.save(path)
         return acts
 
@@ -296,9 +297,84 @@ def interventions_probe(ctx: Context, p: dict) -> dict:
                 axis_sigma={str(layer): a.sigma for layer, a in axes.items()})
 
 
+WINDTUNNELS_DIR = Path(__file__).resolve().parent / "windtunnel" / "checkpoints"
+
+
+def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int]], dict]:
+    """One prompt per (sequence, query position): the prefix ending at the query, so the final token is the one
+    whose next-token belief the exact posterior describes. Returns token ids and task columns (k = query number,
+    latent = the realised hypothesis, bayes_entropy in bits)."""
+    from .tasks.base import entropy_bits as posterior_entropy
+
+    batch = task.sample(n_sequences, seed=seed)
+    h = posterior_entropy(batch.posterior.double())  # [n, Q]
+    prompts, cols = [], dict(k=[], latent=[], bayes_entropy=[])
+    for i in range(n_sequences):
+        for q, pos in enumerate(batch.query_pos.tolist()):
+            prompts.append(batch.input_ids[i, : pos + 1].tolist())
+            cols["k"].append(q + 1)
+            cols["latent"].append(int(batch.labels[i, q]))
+            cols["bayes_entropy"].append(float(h[i, q]))
+    return prompts, cols
+
+
+def windtunnel_probe(ctx: Context, p: dict) -> dict:
+    """The same analyses on a wind-tunnel transformer, where the posterior is exact: calibration, the value
+    manifold against Bayes entropy, cross-fitted entropy axes, keys, attention focusing and the intervention
+    protocol (axes fitted on half of the prompts of every query position, edits evaluated on the other half)."""
+    from .interventions import run_interventions, summarize
+    from .windtunnel.configs import TrainConfig, make_task
+
+    name = p.get("checkpoint", "bijection-cpu")
+    folder = WINDTUNNELS_DIR / name if (WINDTUNNELS_DIR / name).is_dir() else Path(name)
+    model = load_model(folder)
+    task = make_task(TrainConfig.from_dict(read_json(folder / "windtunnel.json")["config"]))
+    prompts, cols = windtunnel_prompts(task, p.get("n_sequences", 40), p.get("seed", 2024))
+    n = model.cfg.n_layers
+    acts = ctx.activations(f"windtunnel-{Path(name).name}", lambda: prompts, model=model, layers=list(range(n)),
+                           readings=("v", "attn_entropy"), label_tokens=task.hypothesis_ids)
+    bayes = np.array(cols["bayes_entropy"])
+    h_model = acts.entropy.double().numpy()
+    fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
+    layer_sets = [[(int(x) + n) % n for x in s] for s in p.get("layer_sets", [[-1]])]
+    layers = sorted({x for s in layer_sets for x in s})
+    axes = {layer: fit_entropy_axis(acts, layer, p.get("method", "pc1"), subset=fit_idx, folds=0,
+                                    seed=ctx.config.seed) for layer in layers}
+    task_eval = {key: [cols[key][i] for i in eval_idx] for key in cols}
+    res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
+                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task_eval,
+                            label_tokens=task.hypothesis_ids, layer_sets=layer_sets,
+                            ops=p.get("ops", ["cut", "only", "shift+", "shift-"]),
+                            n_isotropic=p.get("n_isotropic", 20), n_matched=p.get("n_matched", 20),
+                            n_pcs=p.get("n_pcs", 3), seed=ctx.config.seed, progress=not ctx.config.quiet)
+    write_json(ctx.probe_folder / "rows.json", res.rows)
+    axis_fits = {}
+    for layer in range(1, n):  # layer 0's final-token value depends on the final token alone
+        for target, y in (("model", None), ("bayes", bayes)):
+            a = fit_entropy_axis(acts, layer, "pc1", folds=p.get("folds", 5), entropy=y, seed=ctx.config.seed)
+            axis_fits[f"pc1-L{layer}-{target}"] = dict(layer=layer, method="pc1", target=target,
+                                                       in_sample=a.in_sample, held_out=a.held_out)
+    k = np.array(cols["k"])
+    return dict(
+        checkpoint=str(name), task=task.name, n_prompts=len(prompts), model=model_info(model).to_dict(),
+        calibration=dict(mae=float(np.abs(h_model - bayes).mean()),
+                         per_k={str(kk): float(np.abs(h_model - bayes)[k == kk].mean()) for kk in sorted(set(k))}),
+        manifold=manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, n_boot=p.get("n_boot", 1000),
+                                 n_null=p.get("n_null", 200), seed=ctx.config.seed),
+        axis=axis_fits, keys=dict(layer_mean=key_orthogonality(model).mean(axis=1).tolist(),
+                                  null=key_orthogonality_null(model.cfg.d_model, model.cfg.d_head,
+                                                              seed=ctx.config.seed)),
+        focusing=attention_focusing(acts.readings["attn_entropy"], n_boot=p.get("n_boot", 1000),
+                                    seed=ctx.config.seed),
+        interventions=dict(layer_sets=layer_sets, n_eval=len(eval_idx), n_forward_prompts=res.n_forward_prompts,
+                           baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
+                           summary=summarize(res, task_eval, seed=ctx.config.seed)),
+    )
+
+
 PROBE_KINDS: dict[str, Callable[[Context, dict], dict]] = dict(
     manifold=manifold_probe, keys=keys_probe, focusing=focusing_probe, icl=icl_probe, axis=axis_probe,
-    interventions=interventions_probe)
+    interventions=interventions_probe, windtunnel=windtunnel_probe)
 
 
 def run_sweep(config: SweepConfig) -> Run:

@@ -107,3 +107,17 @@ def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
     assert {s["op"] for s in m["summary"]} == {"cut", "shift+"}
     rows = json.loads((run.folder / "probes" / "iv" / "rows.json").read_text())
     assert len(rows) == 2 * 6 and {r["kind"] for r in rows} == {"true", "isotropic", "matched", "pcs"}
+
+
+def test_windtunnel_probe_on_the_packaged_bijection_model(tiny_dirs, tmp_path):
+    probe = tmp_path / "wt.yaml"
+    probe.write_text(yaml.safe_dump(dict(kind="windtunnel", checkpoint="bijection-cpu", n_sequences=6,
+                                         n_isotropic=2, n_matched=2, n_pcs=1, n_boot=20, n_null=10)))
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), quiet=True, probes=[str(probe)]))
+    m = run.metrics["wt"]
+    assert m["task"] == "bijection" and m["n_prompts"] == 6 * 20
+    assert m["calibration"]["mae"] < 0.01  # the committed model matches the exact posterior
+    assert m["manifold"]["pc1_vs_bayes_entropy"]["spearman"] > 0.8  # values ordered by exact posterior entropy
+    assert m["axis"]["pc1-L1-bayes"]["held_out"]["pearson"] > 0.8
+    cut = next(s for s in m["interventions"]["summary"] if s["op"] == "cut" and s["metric"] == "mae_k_ge_1")
+    assert "isotropic_percentile" in cut and len(m["focusing"]["mean_entropy"]) == 2

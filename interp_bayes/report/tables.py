@@ -80,7 +80,42 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
                 continue
             rows.append((f"entropy axis {a['method']} L{a['layer']}: r in-sample / held-out",
                          f"{a['in_sample']['pearson']:+.2f} / {a['held_out']['pearson']:+.2f}"))
+    if "interventions" in metrics:
+        rows += intervention_rows(metrics["interventions"]["summary"], "")
+    for name, m in metrics.items():
+        if isinstance(m, dict) and m.get("_probe", {}).get("kind") == "windtunnel":
+            rows += windtunnel_rows(m)
     return rows
+
+
+def intervention_rows(summary: list[dict], prefix: str) -> list[tuple[str, str]]:
+    """One row per (layer set, op): the true axis' change in k>=1 MAE with its interval, against the control
+    families' mean changes and its percentile among the isotropic and matched draws."""
+    rows = []
+    for s in summary:
+        if s["metric"] != "mae_k_ge_1":
+            continue
+        controls = "; ".join(f"{fam} {s[f'{fam}_mean']:+.4f} (pct {s[f'{fam}_percentile']:.2f})"
+                             for fam in ("isotropic", "matched", "pcs") if f"{fam}_mean" in s)
+        ci = s.get("true_effect_ci", [float("nan")] * 2)
+        rows.append((f"{prefix}{s['op']} L{s['layer_set']}: change in MAE k>=1 (bits)",
+                     f"true {s['true_effect']:+.4f} ({ci[0]:+.4f}, {ci[1]:+.4f}); {controls}"))
+    return rows
+
+
+def windtunnel_rows(m: dict) -> list[tuple[str, str]]:
+    """The wind-tunnel probe's headline numbers, prefixed with its checkpoint."""
+    p = f"wind tunnel {m['checkpoint']}: "
+    rep = m["manifold"]
+    axis = m["axis"][max((k for k in m["axis"] if k.endswith("-bayes")), key=lambda k: m["axis"][k]["layer"])]
+    rows = [(p + "entropy MAE vs Bayes (bits)", f"{m['calibration']['mae']:.4f}"),
+            (p + "PC1 / PC1+PC2 share", f"{_pct(rep['pc1_share'])} / {_pct(rep['pc12_share'])}; null "
+             f"{_pct(rep['nulls']['permuted']['pc1_mean'])} / {_pct(rep['nulls']['permuted']['pc12_mean'])}"),
+            (p + "Spearman(PC1, Bayes H)", f"{rep['pc1_vs_bayes_entropy']['spearman']:+.2f}"),
+            (p + f"axis (Bayes H) L{axis['layer']}: r in-sample / held-out",
+             f"{axis['in_sample']['pearson']:+.2f} / {axis['held_out']['pearson']:+.2f}"),
+            (p + "attention focusing", f"{_pct(m['focusing']['reduction'])}")]
+    return rows + intervention_rows(m["interventions"]["summary"], p)
 
 
 def markdown_summary(metrics: dict, model: str) -> str:
