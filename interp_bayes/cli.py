@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_sweep)
 
     from .dynamics import add_dynamics_arguments, dynamics_main
+    from .windtunnel.train import add_train_args, run_train
+
+    p = sub.add_parser("train", help="train a wind-tunnel model (bijection or HMM) or its MLP baseline")
+    add_train_args(p)
+    p.set_defaults(func=run_train)
 
     p = sub.add_parser("dynamics", help="Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision")
     add_dynamics_arguments(p)

@@ -8,6 +8,7 @@ hook points are hooked, and each hook keeps the final position only, detached to
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import math
 from collections import defaultdict
@@ -84,6 +85,28 @@ class Activations:
     def values(self, layer: int = -1) -> torch.Tensor:
         """Final-token value vectors, concatenated over key/value heads: [n_prompts, n_kv_heads * d_head]."""
         return self.reading("v", layer)
+
+    def figure(self, layer: int = -1):
+        """Plotly scatter of PC1 vs PC2 of the standardised values at ``layer``, coloured by entropy (bits)."""
+        import plotly.graph_objects as go
+
+        from .geometry import pca
+
+        ratios, _, scores = pca(self.values(layer))
+        texts = self.meta.get("texts") or [f"prompt {i}" for i in range(len(self))]
+        fig = go.Figure(go.Scatter(
+            x=scores[:, 0], y=scores[:, 1], mode="markers", text=[html.escape(t[:100]) for t in texts],
+            marker=dict(color=self.entropy.numpy(), colorscale="Viridis", colorbar=dict(title="entropy (bits)"))))
+        return fig.update_layout(template="plotly_white", xaxis_title=f"PC1 ({ratios[0]:.1%})",
+                                 yaxis_title=f"PC2 ({ratios[1]:.1%})",
+                                 title=f"{self.meta['model']['name']}: values at layer {self.layer_index(layer)}")
+
+    def _repr_html_(self) -> str:
+        m = self.meta
+        dims = ", ".join(f"{name}: {t[self.layers[-1]].shape[1]}" for name, t in self.readings.items())
+        return (f"<b>Activations</b> of {html.escape(str(m['model']['name']))}: {len(self)} prompts, layers "
+                f"{m['layers']}, dims ({dims}), entropy over the {m['entropy_over']} (bits), mean "
+                f"{self.entropy.mean():.3f}")
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/activations.safetensors`` and ``path/activations.json`` (atomically)."""

@@ -197,6 +197,19 @@ class InterventionResult:
 
         return pd.DataFrame(self.rows)
 
+    def figure(self, metric: str = "mae_k_ge_1"):
+        """Plotly strip of ``metric`` per layer set and operator: every control draw, and the true axis."""
+        import plotly.express as px
+
+        df = self.table()
+        df["edit"] = df.layer_set.map("L{}".format) + " " + df.op
+        return px.strip(df, x="edit", y=metric, color="kind", template="plotly_white",
+                        title=f"{metric}: true axis vs control draws (baseline {self.baseline[metric]:.4f})")
+
+    def _repr_html_(self) -> str:
+        cols = ["layer_set", "op", "kind", "draw", "mae_k_ge_1", "corr_bayes", "kl_bits", "accuracy"]
+        return self.table()[cols].to_html(index=False, float_format="%.4f", max_rows=40)
+
 
 def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
     """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with

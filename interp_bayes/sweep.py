@@ -10,6 +10,7 @@ parameters. Kinds: ``manifold``, ``keys``, ``focusing``, ``icl``, ``axis``, ``in
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,26 @@ class Run:
     config: SweepConfig
     metrics: dict = field(default_factory=dict)  # probe name -> its metrics
     computed: list[str] = field(default_factory=list)  # probes computed by this call (the others were cached)
+
+    def report(self):
+        """Build (or rebuild) ``report.html`` from the run folder; the result shows inline in Jupyter."""
+        from .report.html import Report
+
+        return Report.build(self.folder)
+
+    def figure(self):
+        """PC shares of every value set against their nulls (plotly), from the run folder."""
+        from .report.figures import RunData, pc_shares
+
+        return pc_shares(RunData.load(self.folder))
+
+    def _repr_html_(self) -> str:
+        from .report.tables import summary_rows
+
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                       for k, v in summary_rows(self.metrics))
+        return (f"<b>Run</b> <code>{html.escape(str(self.folder))}</code><table><tr><th>measure</th>"
+                f"<th>{html.escape(self.config.model)}</th></tr>{rows}</table>")
 
 
 def run_folder(config: SweepConfig) -> Path:

@@ -61,6 +61,7 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
     again = run_sweep(config)
     assert again.folder == folder and again.computed == []  # everything reused, nothing recomputed
     assert again.metrics["keys"] == metrics["keys"]
+    assert "SULA entropy MAE vs Bayes" in again._repr_html_() and len(again.figure().data) > 0
 
 
 def test_built_in_probes_load():

@@ -85,3 +85,11 @@ def test_token_id_prompts_and_save_load_round_trip(tiny, tmp_path):
 
 def test_entropy_bits_of_uniform():
     assert abs(entropy_bits(torch.zeros(1024)).item() - 10.0) < 1e-5
+
+
+def test_activations_render_in_notebooks(tiny):
+    bridge, _, _ = tiny
+    acts = collect(bridge, ["<b>bold</b> the cat", "hello world", "a b c", "the mat"], progress=False)
+    assert "4 prompts" in acts._repr_html_()
+    fig = acts.figure()
+    assert fig.data[0].x.shape == (4,) and "&lt;b&gt;" in fig.data[0].text[0]

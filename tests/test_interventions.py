@@ -129,6 +129,7 @@ def test_runner_rows_and_summary(tiny_dirs):
     cut_last = table[(table.layer_set == "1") & (table.op == "cut") & (table.kind == "true")].iloc[0]
     assert np.isnan(cut_last.geom_L1)  # v.u has no spread left after the cut: no correlation to speak of
     assert res.baseline["mae"] >= 0 and len(res.baseline["entropy"]) == 10
+    assert "<table" in res._repr_html_() and len(res.figure().data) == 4  # one strip per axis kind
     summary = summarize(res, ev, n_boot=50)
     assert len(summary) == 4 * 3
     mae = next(s for s in summary if s["metric"] == "mae_k_ge_1" and s["op"] == "cut" and s["layer_set"] == "1")

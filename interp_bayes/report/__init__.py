@@ -1,1 +1,1 @@
-"""Reports built from a run folder alone: summary tables (and, later, figures and one HTML page)."""
+"""Reports built from a run folder alone: summary tables, plotly figures and one self-contained HTML page."""
