@@ -17,7 +17,7 @@ def _sweep(args: argparse.Namespace) -> None:
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
     config = base.override(model=args.model, out=args.out, prompts=args.prompts, probes=args.probes,
                            layers=args.layers, seed=args.seed,
-                           dtype=args.dtype, device=args.device, batch_size=args.batch_size,
+                           dtype=args.dtype, device=args.device, batch_size=args.batch_size, threads=args.threads,
                            quiet=True if args.quiet else None)
     run = run_sweep(config)
     print(markdown_summary(run.metrics, config.model))
@@ -47,29 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device")
     p.add_argument("--batch-size", type=int)
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
     p.set_defaults(func=_sweep)
 
     from .dynamics import add_dynamics_arguments, dynamics_main
+    from .report.html import add_compare_arguments, add_report_arguments, compare_main, report_main
     from .windtunnel.train import add_train_args, run_train
 
-    p = sub.add_parser("train", help="train a wind-tunnel model (bijection or HMM) or its MLP baseline")
-    add_train_args(p)
-    p.set_defaults(func=run_train)
-
-    p = sub.add_parser("dynamics", help="Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision")
-    add_dynamics_arguments(p)
-    p.set_defaults(func=dynamics_main)
-
-    from .report.html import add_compare_arguments, add_report_arguments, compare_main, report_main
-
-    p = sub.add_parser("report", help="(re)build report.html of a run folder from the folder alone")
-    add_report_arguments(p)
-    p.set_defaults(func=report_main)
-
-    p = sub.add_parser("compare", help="one page comparing several run folders (Paper III Table 2 layout)")
-    add_compare_arguments(p)
-    p.set_defaults(func=compare_main)
+    for name, help_text, add_arguments, func in (
+        ("train", "train a wind-tunnel model (bijection or HMM) or its MLP baseline", add_train_args, run_train),
+        ("dynamics", "Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
+         add_dynamics_arguments, dynamics_main),
+        ("report", "(re)build report.html of a run folder from the folder alone", add_report_arguments, report_main),
+        ("compare", "one page comparing several run folders (Paper III Table 2 layout)", add_compare_arguments,
+         compare_main),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=func)
 
     p = sub.add_parser("models", help="list the registry's model aliases")
     p.set_defaults(func=_models)

@@ -13,7 +13,7 @@ from .errors import InterpBayesError
 from .models import DEFAULT_MODEL
 
 # fields that do not change any number a run computes, so they do not enter its id
-_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size"}
+_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads"}
 
 
 class ConfigError(InterpBayesError, ValueError):
@@ -33,6 +33,7 @@ class SweepConfig:
     dtype: str | None = None  # None: float32 up to ~3B parameters, bfloat16 above
     device: str | None = None
     batch_size: int | None = None  # None: about 2048 tokens per forward pass
+    threads: int | None = None  # torch CPU threads (None: torch's default); 1 is faster on a busy machine
     quiet: bool = False
 
     def digest(self) -> str:

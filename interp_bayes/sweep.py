@@ -408,6 +408,8 @@ def run_sweep(config: SweepConfig) -> Run:
     atomic_write_text(folder / "config.yaml", config.to_yaml())
     if not (folder / "env.json").exists():
         write_json(folder / "env.json", environment(config.seed))
+    if config.threads:
+        torch.set_num_threads(config.threads)
     ctx = Context(folder, config, say)
     for probe in probes:
         path = folder / "probes" / probe.name / "metrics.json"
