@@ -43,6 +43,8 @@ sweep: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/extract.py $(ARGS)
+	$(PY) bench/windtunnel.py
+	$(PY) bench/dynamics.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

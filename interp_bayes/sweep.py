@@ -27,11 +27,11 @@ from .extract import Activations, collect
 from .geometry import (attention_focusing, correlations, key_orthogonality, key_orthogonality_null,
                        manifold_report, resample_shares)
 from .models import load_model, model_info
-from .prompts import load_prompts, stratified_sample
+from .prompts import load_prompts, package_data_dir, stratified_sample
 from .store import atomic_write_text, environment, read_json, write_json
 from .tasks.icl import CONDITIONS, SULATask
 
-PROBES_DIR = Path(__file__).resolve().parent.parent / "probes"
+PROBES_DIR = package_data_dir("probes")
 
 
 @dataclass
