@@ -1,0 +1,136 @@
+"""A sweep killed with SIGKILL mid-run resumes: finished probes are reused untouched, the final numbers equal an
+uninterrupted run's, and no half-written or temporary file is left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from interp_bayes.config import SweepConfig
+from interp_bayes.sweep import run_sweep
+from interp_bayes.testing import make_tiny_model
+
+# Run in this order: `keys` (weights only) finishes first; the later ones take a few seconds on the tiny model, so
+# the kill lands while the sweep is still running.
+PROBES = {
+    "keys": dict(kind="keys", n_null=10),
+    "mixed": dict(kind="manifold", per_bin=4, n_boot=4000, n_null=600, n_resample=600),
+    "icl": dict(kind="icl", per_k=20, layers=[1], n_boot=300, n_null=50),  # layer 0 sees the last token only
+    "axis": dict(kind="axis", per_k=20, layers=[1], folds=3),
+}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+TIMEOUT = 180
+
+
+def _command(model: Path, out: Path, probes: list[str]) -> list[str]:
+    return [sys.executable, "-m", "interp_bayes.cli", "sweep", "--model", str(model), "--out", str(out),
+            "--prompts", "basic", "--probes", *probes, "--quiet"]
+
+
+def _without_timing(metrics: dict) -> dict:
+    """A probe's metrics without the wall-clock field."""
+    out = dict(metrics)
+    out["_probe"] = {k: v for k, v in metrics["_probe"].items() if k != "seconds"}
+    return out
+
+
+def _results(folder: Path) -> dict[str, str]:
+    """Relative path -> canonical content of every result file (metrics without timing; tensors as hex digests).
+    Left out: env.json (time), config.yaml (holds the output root) and report.html (holds paths)."""
+    import hashlib
+
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(folder))
+        if rel in ("env.json", "config.yaml", "report.html"):
+            continue
+        if rel == "metrics.json":
+            data = {name: _without_timing(m) for name, m in json.loads(path.read_text()).items()}
+        elif path.name == "metrics.json":
+            data = _without_timing(json.loads(path.read_text()))
+        elif path.suffix == ".json":
+            data = json.loads(path.read_text())
+        else:
+            data = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[rel] = json.dumps(data, sort_keys=True)  # text: NaN compares equal to NaN
+    return out
+
+
+@pytest.fixture
+def sweep_setup(tmp_path):
+    model = tmp_path / "tiny-llama3"
+    make_tiny_model("llama3", model)
+    paths = []
+    for name, body in PROBES.items():
+        path = tmp_path / "probes" / f"{name}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(body))
+        paths.append(str(path))
+    return model, paths
+
+
+def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path):
+    model, probes = sweep_setup
+    killed_out, clean_out = tmp_path / "killed", tmp_path / "clean"
+
+    # the uninterrupted reference runs alongside (its CPU use only slows the killed run, which helps the kill land)
+    clean = subprocess.Popen(_command(model, clean_out, probes), env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(_command(model, killed_out, probes), env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not list(killed_out.glob("*/*/probes/*/metrics.json")):
+            assert first.poll() is None, f"the sweep exited ({first.returncode}) before any probe finished: " \
+                                         f"{first.stderr.read()}"
+            assert time.monotonic() < deadline, "no probe finished in time"
+            time.sleep(0.01)
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.stderr.close()
+
+    (folder,) = killed_out.glob("*/*")
+    finished = {p.parent.name: (p.stat().st_mtime_ns, p.read_bytes())
+                for p in folder.glob("probes/*/metrics.json")}
+    assert not (folder / "metrics.json").exists(), "the kill landed after the sweep finished: make later probes heavier"
+    assert "keys" in finished and set(finished) < set(PROBES), sorted(finished)
+    leftovers_at_kill = sorted(str(p.relative_to(folder)) for p in folder.rglob(".*"))
+
+    resumed = subprocess.run(_command(model, killed_out, probes), env=ENV, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"run folder: {folder}" in resumed.stdout
+    _, clean_err = clean.communicate(timeout=TIMEOUT)
+    assert clean.returncode == 0, clean_err
+
+    # (a) probes finished before the kill are reused as they were, byte for byte, not rewritten
+    for name, (mtime, content) in finished.items():
+        path = folder / "probes" / name / "metrics.json"
+        assert path.stat().st_mtime_ns == mtime and path.read_bytes() == content, name
+    final = json.loads((folder / "metrics.json").read_text())
+    assert set(final) == set(PROBES)
+    third = run_sweep(SweepConfig(model=str(model), out=str(killed_out), prompts="basic", probes=probes, quiet=True))
+    assert third.folder == folder and third.computed == []
+
+    # (b) the resumed run's results equal an uninterrupted run's (timing fields aside)
+    (clean_folder,) = clean_out.glob("*/*")
+    assert clean_folder.name == folder.name  # same config digest
+    got, want = _results(folder), _results(clean_folder)
+    assert sorted(got) == sorted(want)
+    for rel in want:
+        assert got[rel] == want[rel], f"{rel} differs between the resumed and the uninterrupted run"
+    assert json.loads(got["probes/mixed/metrics.json"])["layers"]["1"]["n_prompts"] == 20  # sanity: real content
+
+    # (c) nothing half-written: no temporary files beside the results, every JSON parses (checked by _results)
+    leftovers = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                       if p.name.startswith(".") or p.name.endswith(".tmp"))
+    assert leftovers == [], f"temporary files left: {leftovers} (at kill time: {leftovers_at_kill})"
