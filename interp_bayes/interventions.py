@@ -119,7 +119,8 @@ def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]]) -
 
 
 def _generator(seed: int, family: str, layer: int, draw: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, sum(map(ord, family)), layer, draw]))
+    """One generator per (seed, family, layer, draw); a negative layer index is a distinct non-negative word."""
+    return np.random.default_rng(np.random.SeedSequence([seed % 2**32, sum(map(ord, family)), layer % 2**32, draw]))
 
 
 def _orthogonal(v: np.ndarray, u: np.ndarray) -> np.ndarray:

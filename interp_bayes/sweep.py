@@ -398,8 +398,11 @@ PROBE_KINDS: dict[str, Callable[[Context, dict], dict]] = dict(
     interventions=interventions_probe, windtunnel=windtunnel_probe)
 
 
-def run_sweep(config: SweepConfig) -> Run:
-    """Run (or resume) every probe of ``config`` on its model; returns the run with its metrics."""
+def run_sweep(config: SweepConfig, model=None) -> Run:
+    """Run (or resume) every probe of ``config`` on its model; returns the run with its metrics.
+
+    model: an already loaded bridge for ``config.model`` (saves a second load in a notebook).
+    """
     probes = [load_probe(name) for name in (config.probes or builtin_probes())]
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
@@ -410,7 +413,11 @@ def run_sweep(config: SweepConfig) -> Run:
         write_json(folder / "env.json", environment(config.seed))
     if config.threads:
         torch.set_num_threads(config.threads)
+    for stale in folder.rglob(".*.*"):  # temp files of atomic writes a killed run left behind
+        if stale.is_file():
+            stale.unlink()
     ctx = Context(folder, config, say)
+    ctx._model = model
     for probe in probes:
         path = folder / "probes" / probe.name / "metrics.json"
         if path.exists():

@@ -53,7 +53,10 @@ def test_conditions_are_paired_and_have_the_right_posteriors():
 
 
 def test_label_words_are_single_tokens_in_smollm2(smollm2):
+    from interp_bayes.tasks.icl import LABEL_CANDIDATES
+
     task = SULATask.for_tokenizer(smollm2.tokenizer)
+    assert set(task.labels + task.remap_labels) <= set(LABEL_CANDIDATES)  # nonsense words, not English ones
     ids = task.label_token_ids(smollm2.tokenizer) + task.label_token_ids(smollm2.tokenizer, "remap")
     assert len(set(ids)) == 4
 

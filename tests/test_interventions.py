@@ -94,6 +94,7 @@ def test_control_axes_are_unit_orthogonal_reproducible_and_matched():
     np.testing.assert_allclose(iso @ u, 0.0, atol=1e-12)
     assert np.array_equal(iso, isotropic_axes(u, 5, layer=2, seed=1))
     assert not np.allclose(iso, isotropic_axes(u, 5, layer=3, seed=1))
+    assert not np.allclose(iso, isotropic_axes(u, 5, layer=-1, seed=1))  # negative layers are fine seeds too
     matched, ratio = matched_axes(x, u, 6, layer=2, seed=1)
     np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
     np.testing.assert_allclose(matched @ u, 0.0, atol=1e-12)

@@ -25,7 +25,10 @@ import numpy as np
 
 from interp_bayes.tasks.base import as_rng
 
-LABEL_CANDIDATES = ("dax", "lug", "mip", "zorb", "wug", "kep", "tuv", "gax")
+# nonsense words first (the authors' eight, then more that are single tokens in smaller vocabularies, e.g.
+# SmolLM2's): semantically unrelated to the sentiment carriers, as the task requires
+LABEL_CANDIDATES = ("dax", "lug", "mip", "zorb", "wug", "kep", "tuv", "gax", "pim", "dop", "tob", "sut", "mim",
+                    "pom", "zig", "tok")
 POSITIVE = ("happy", "joyful", "bright", "kind", "gentle", "brave", "calm", "cheerful", "warm", "lovely", "proud",
             "hopeful", "eager", "grateful", "honest", "lucky", "merry", "noble", "polite", "lively", "sunny", "sweet",
             "tender", "witty", "charming", "clever", "delightful", "fresh", "generous", "glad", "graceful", "jolly",
@@ -54,12 +57,13 @@ def binary_entropy_bits(p: np.ndarray) -> np.ndarray:
 
 def single_token_words(tokenizer, candidates=LABEL_CANDIDATES, n: int = 4) -> list[str]:
     """The first ``n`` candidate words that are one token with a leading space, then consonant-vowel-consonant
-    fallbacks; the leading space is part of the token because labels follow ': '."""
+    fallbacks other than the carrier words; the leading space is part of the token because labels follow ': '."""
     found = [w for w in candidates if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1]
     if len(found) < n:
         cons, vows = "bcdfghjklmnprstvwxz", "aeiou"
         for word in (a + b + c for a in cons for b in vows for c in cons):
-            if word not in found and len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1:
+            if word not in found and word not in CARRIERS and \
+                    len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1:
                 found.append(word)
             if len(found) >= n:
                 break
