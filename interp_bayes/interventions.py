@@ -297,6 +297,8 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
                            kl_bits=float(kl.mean()),
                            corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
                            **_behaviour(h, acts.label_logprobs.numpy(), task), **_geometry(acts, true_dirs, spread))
+                later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
+                row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
                 if kind == "matched":
                     row["variance_ratio"] = float(np.mean([ratios[layer][draw] for layer in layer_set]))
                 rows.append(row)
@@ -308,7 +310,8 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     return InterventionResult(rows, baseline, n_runs * len(prompts), true_entropy)
 
 
-def summarize(result: InterventionResult, task: dict, *, metrics=("mae_k_ge_1", "corr_bayes", "kl_bits"),
+def summarize(result: InterventionResult, task: dict, *,
+              metrics=("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream"),
               n_boot: int = 1000, seed: int = 0) -> list[dict]:
     """Per (layer set, op, metric): the true axis' effect (value minus baseline; KL as is), the control families'
     effects (mean and 95% range), the true effect's percentile within each family, and for the MAE a bootstrap
@@ -321,11 +324,21 @@ def summarize(result: InterventionResult, task: dict, *, metrics=("mae_k_ge_1", 
     base_h = np.asarray(base["entropy"])
     pos = np.flatnonzero(k >= 1)
     rng = np.random.default_rng(seed)
+    layers = sorted(int(key[len("geom_L"):]) for key in base if key.startswith("geom_L"))
+
+    def base_metric(metric: str, layer_set: str) -> float:
+        if metric != "geom_downstream":
+            return base[metric]
+        later = [base[f"geom_L{layer}"] for layer in layers if layer > max(map(int, layer_set.split("+")))]
+        return float(np.mean(later)) if later else float("nan")
+
     out = []
     for (layer_set, op), group in df.groupby(["layer_set", "op"], sort=False):
         true = group[group.kind == "true"].iloc[0]
         for metric in metrics:
-            ref = 0.0 if metric == "kl_bits" else base[metric]
+            ref = 0.0 if metric == "kl_bits" else base_metric(metric, layer_set)
+            if np.isnan(ref):  # no layer after the edited ones: no downstream geometry to compare
+                continue
             entry = dict(layer_set=layer_set, op=op, metric=metric, baseline=ref, true_effect=true[metric] - ref)
             for fam, g in group[group.kind != "true"].groupby("kind"):
                 eff = g[metric].to_numpy() - ref

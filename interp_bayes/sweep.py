@@ -114,10 +114,12 @@ class Context:
         return self._model
 
     def layers(self, spec) -> list[int]:
-        """Layer list from a probe parameter: explicit ints, or ``"spread5"`` (five evenly spaced, ending last)."""
-        if spec == "spread5":
+        """Layer list from a probe parameter: explicit ints, ``"spread5"`` (five evenly spaced from a third of the
+        depth to the last layer) or ``"middle"`` (the spread5 layer nearest half the depth)."""
+        if spec in ("spread5", "middle"):
             n = self.n_layers()
-            return sorted({int(round(x)) for x in np.linspace(n / 3, n - 1, 5)})
+            spread = sorted({int(round(x)) for x in np.linspace(n / 3, n - 1, 5)})
+            return spread if spec == "spread5" else [min(spread, key=lambda x: abs(x - n / 2))]
         return list(spec if spec is not None else self.config.layers)
 
     def n_layers(self) -> int:
@@ -296,7 +298,7 @@ def interventions_probe(ctx: Context, p: dict) -> dict:
     if p.get("fit", "cross") == "in_sample":
         fit_idx = eval_idx
     n = ctx.n_layers()
-    layer_sets = [ctx.layers(s) if s == "spread5" else [(int(x) + n) % n for x in s] for s in p["layer_sets"]]
+    layer_sets = [ctx.layers(s) if isinstance(s, str) else [(int(x) + n) % n for x in s] for s in p["layer_sets"]]
     layers = sorted({x for s in layer_sets for x in s})
     axes = {layer: fit_entropy_axis(acts, layer, p.get("method", "pc1"), subset=fit_idx, folds=0,
                                     seed=ctx.config.seed) for layer in layers}
