@@ -122,3 +122,20 @@ def test_windtunnel_probe_on_the_packaged_bijection_model(tiny_dirs, tmp_path):
     assert m["axis"]["pc1-L1-bayes"]["held_out"]["pearson"] > 0.8
     cut = next(s for s in m["interventions"]["summary"] if s["op"] == "cut" and s["metric"] == "mae_k_ge_1")
     assert "isotropic_percentile" in cut and len(m["focusing"]["mean_entropy"]) == 2
+
+
+def test_report_builds_when_a_metric_exists_for_some_layer_sets_only(tiny_dirs, tmp_path):
+    """Downstream geometry exists only for layer sets that end before the last axis layer."""
+    from interp_bayes.report.html import build_report
+    from interp_bayes.store import write_json
+
+    probe = tmp_path / "interventions.yaml"
+    probe.write_text(yaml.safe_dump(dict(kind="interventions", layer_sets=[[-1]], ops=["cut", "shift+"],
+                                         n_isotropic=1, n_matched=1, n_pcs=1, per_k=4, layers=[1])))
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), quiet=True, probes=[str(probe)]))
+    metrics = json.loads((run.folder / "metrics.json").read_text())
+    iv = metrics["interventions"]["summary"]
+    metrics["interventions"]["summary"] = [s for s in iv if not (s["op"] == "cut" and s["metric"] == "kl_bits")]
+    write_json(run.folder / "metrics.json", metrics)
+    html_text = build_report(run.folder).read_text()
+    assert "Interventions: true axis vs control axes" in html_text

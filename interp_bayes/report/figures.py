@@ -33,7 +33,8 @@ COLOURS = dict(observed="#1f4e79", permuted="#9aa5b1", gaussian="#d0d5db", true=
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
 METRIC_LABELS = dict(mae_k_ge_1="Δ entropy MAE vs Bayes, k≥1 (bits)", corr_bayes="Δ r(model H, Bayes H), k≥1",
-                     kl_bits="KL(edited ‖ unperturbed) (bits)")
+                     kl_bits="KL(edited ‖ unperturbed) (bits)",
+                     geom_downstream="Δ r(v·u, model H) at later layers")
 LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=30, t=110, b=50),
               font=dict(family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif", size=13))
 
@@ -333,7 +334,7 @@ def intervention_effects(run: RunData) -> go.Figure | None:
     families = list(dict.fromkeys(r["kind"] for r in rows if r["kind"] != "true"))
     for i, metric in enumerate(metrics, start=1):
         for fam in families:
-            sel = [r for r in rows if r["kind"] == fam]
+            sel = [r for r in rows if r["kind"] == fam and (r["layer_set"], r["op"], metric) in summary]
             fig.add_trace(go.Box(
                 x=[_category(r) for r in sel],
                 y=[r[metric] - summary[(r["layer_set"], r["op"], metric)]["baseline"] for r in sel],
