@@ -139,8 +139,9 @@ def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> 
 
     Each draw rotates a random direction g of the top-``top`` principal subspace orthogonal to u (variance >= the
     target) towards an isotropic h orthogonal to both (variance below it) until the variance matches, by bisection.
-    When no direction orthogonal to u carries u's variance (u is the top principal direction), the draws are
-    the strongest ones available and the ratio, below 1, says so.
+    When no direction orthogonal to u carries u's variance (u is the top principal direction), each draw is a
+    random direction in the top three principal directions orthogonal to u: as strong as the data allows, still
+    distinct draws, and the ratio, below 1, says so.
     """
     x = as_float64(values)
     x = x - x.mean(axis=0)
@@ -148,14 +149,18 @@ def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> 
     proj = np.eye(len(u)) - np.outer(u, u)
     cov = x.T @ x / (len(x) - 1)
     target = u @ cov @ u
-    evals, vecs = np.linalg.eigh(proj @ cov @ proj)  # variance orthogonal to u
-    basis = vecs[:, ::-1][:, :top]
+    evals, vecs = np.linalg.eigh(proj @ cov @ proj)  # variance orthogonal to u, ascending
+    feasible = evals[-1] >= target
+    basis = vecs[:, ::-1][:, :top if feasible else 3]
     out = []
     for i in range(n):
         rng = _generator(seed, "matched", layer, i)
         g = _orthogonal(basis @ rng.standard_normal(basis.shape[1]), u)
+        if not feasible:
+            out.append(g)
+            continue
         if g @ cov @ g < target:
-            g = vecs[:, -1]  # the strongest direction orthogonal to u
+            g = vecs[:, -1]  # the strongest direction orthogonal to u carries at least the target
         h = _orthogonal(_orthogonal(rng.standard_normal(len(u)), u), g)
         lo, hi = 0.0, np.pi / 2
         for _ in range(60):

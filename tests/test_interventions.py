@@ -98,8 +98,10 @@ def test_control_axes_are_unit_orthogonal_reproducible_and_matched():
     matched, ratio = matched_axes(x, u, 6, layer=2, seed=1)
     np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
     np.testing.assert_allclose(matched @ u, 0.0, atol=1e-12)
-    _, ratio_top = matched_axes(x, np.eye(30)[0], 3, layer=2, seed=1)  # the top direction cannot be matched
-    assert np.all(ratio_top < 1.0)
+    top, ratio_top = matched_axes(x, np.eye(30)[0], 3, layer=2, seed=1)  # the top direction cannot be matched
+    assert np.all(ratio_top < 1.0) and np.all(ratio_top > 0.1)
+    assert not np.allclose(top[0], top[1])  # but its draws stay distinct
+    np.testing.assert_allclose(top @ np.eye(30)[0], 0.0, atol=1e-12)
     pcs = pc_axes(x, 4)
     assert pcs.shape == (3, 30) and np.allclose(np.linalg.norm(pcs, axis=1), 1.0)
 
