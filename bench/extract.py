@@ -25,15 +25,25 @@ N_PROMPTS, MIN_LEN, MAX_LEN = 64, 24, 48
 
 def bench_prompts(tokenizer) -> list[list[int]]:
     """64 token-id prompts of 24-48 tokens cut from the built-in prompt set (deterministic)."""
-    from interp_bayes.prompts import load_prompts
+    from interp_bayes.prompts import PROMPTS_DIR
 
-    stream = [t for text in load_prompts("basic")["text"] for t in tokenizer(text)["input_ids"]]
+    texts = [json.loads(line)["text"] for line in (PROMPTS_DIR / "basic.jsonl").read_text().splitlines() if line]
+    stream = [t for text in texts for t in tokenizer(text)["input_ids"]]
     out, pos = [], 0
     for i in range(N_PROMPTS):
         n = MIN_LEN + (i * 7) % (MAX_LEN - MIN_LEN + 1)
         out.append(stream[pos:pos + n])
         pos = (pos + 37) % (len(stream) - MAX_LEN)
     return out
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM). Not ru_maxrss: that one survives exec, so a child started from a large
+    parent reports the parent's size."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # non-Linux fallback
 
 
 def measure_rss(threads: int) -> dict:
@@ -44,7 +54,7 @@ def measure_rss(threads: int) -> dict:
     model = ib.load_model("smollm2-135m")
     ib.collect(model, bench_prompts(model.tokenizer), progress=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return dict(peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, weight_mb=weight_bytes / 2**20)
+    return dict(peak_rss_mb=peak_rss_mb(), weight_mb=weight_bytes / 2**20)
 
 
 def main() -> None:
@@ -57,6 +67,8 @@ def main() -> None:
         print(json.dumps(measure_rss(args.threads)))
         return
 
+    rss = json.loads(subprocess.run([sys.executable, __file__, "--rss-only", "--threads", str(args.threads)],
+                                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
@@ -87,8 +99,6 @@ def main() -> None:
         for impl, hf in baselines.items():
             times[impl].append(timed(lambda: bare(hf)))
     med = {k: statistics.median(v) for k, v in times.items()}
-    rss = json.loads(subprocess.run([sys.executable, __file__, "--rss-only", "--threads", str(args.threads)],
-                                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     target_rss = 1.5 * rss["weight_mb"] + 300
     print(f"prompts {len(prompts)} ({MIN_LEN}-{MAX_LEN} tokens) in {len(batches)} equal-length batches, "
           f"{args.threads} threads, {args.repeats} repeats")

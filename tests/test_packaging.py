@@ -14,3 +14,11 @@ def test_pyproject_lists_every_package():
     assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
     assert config["package-dir"] == {"interp_bayes._prompts": "prompts", "interp_bayes._probes": "probes"}
     assert any((ROOT / "prompts").glob("*.jsonl")) and any((ROOT / "probes").glob("*.yaml"))
+
+
+def test_every_public_name_resolves():
+    import interp_bayes as ib
+
+    for name in ib.__all__:
+        assert getattr(ib, name) is not None, name
+    assert callable(ib.load_model) and "collect" in dir(ib)
