@@ -161,4 +161,7 @@ def dynamics_main(args: argparse.Namespace) -> int:
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")
         tmp.write_text(json.dumps(results, indent=1, default=float))
         tmp.replace(args.out)
+        from ..report.dynamics_page import build_dynamics_page
+
+        print(f"page: {build_dynamics_page(results, args.out.with_suffix('.html'))}")
     return 0
