@@ -141,20 +141,21 @@ class Context:
         return acts
 
 
-def _pool(ctx: Context, prompts: str) -> tuple[Activations, list[str]]:
-    """Final-token values (the configured layers) and attention entropies (every layer) for a whole prompt pool."""
+def _pool(ctx: Context, prompts: str):
+    """(final-token values at the configured layers for a whole prompt pool, the pool as a Dataset)."""
     ds = load_prompts(prompts)
     layers = sorted(set(ctx.layers(None)))
     acts = ctx.activations(f"pool-{Path(prompts).stem}", lambda: list(ds["text"]), layers=layers,
                            readings=("v",))
-    return acts, list(ds["domain"])
+    return acts, ds
 
 
 def manifold_probe(ctx: Context, p: dict) -> dict:
     """Stratified prompt set (per_bin per entropy quantile, optionally one domain) -> value-manifold report, with
     an interval over ``n_resample`` fresh stratified draws from the same pool beside the bootstrap."""
-    acts, domains = _pool(ctx, p.get("prompts", ctx.config.prompts))
-    pool_idx = np.arange(len(acts)) if p.get("domain") is None else np.flatnonzero(np.array(domains) == p["domain"])
+    acts, ds = _pool(ctx, p.get("prompts", ctx.config.prompts))
+    domain = p.get("domain")
+    pool_idx = np.arange(len(acts)) if domain is None else np.flatnonzero(np.array(ds["domain"]) == domain)
     if len(pool_idx) == 0:
         raise ConfigError(f"No prompts of domain {p['domain']!r} in {p.get('prompts', 'pool')}.")
     def draw(seed: int) -> np.ndarray:
@@ -186,8 +187,7 @@ def keys_probe(ctx: Context, p: dict) -> dict:
 def focusing_probe(ctx: Context, p: dict) -> dict:
     """Attention entropy of the final query per layer on a stratified mixed prompt set; reduction first -> last."""
     name = p.get("prompts", ctx.config.prompts)
-    ds = load_prompts(name)
-    pool, _ = _pool(ctx, name)
+    pool, ds = _pool(ctx, name)
     chosen = stratified_sample(pool.entropy.numpy(), per_bin=p.get("per_bin", 15), seed=ctx.config.seed)
     n = ctx.n_layers()
     acts = ctx.activations(f"focusing-{Path(p.get('prompts', 'pool')).stem}", lambda: [ds["text"][i] for i in chosen],
@@ -195,25 +195,26 @@ def focusing_probe(ctx: Context, p: dict) -> dict:
     return attention_focusing(acts.readings["attn_entropy"], n_boot=p.get("n_boot", 1000), seed=ctx.config.seed)
 
 
-def sula_task(ctx: Context, p: dict) -> SULATask:
-    """The SULA task with label words that are single tokens for this model, chosen once per run and stored."""
+def sula_task(ctx: Context, p: dict) -> tuple[SULATask, dict[str, list[int]]]:
+    """The SULA task with label words that are single tokens for this model, chosen once per run and stored, and
+    the label token ids per label pair (``main``, ``remap``)."""
     path = ctx.folder / "sula_task.json"
     if not path.exists():
         words = SULATask.for_tokenizer(ctx.model.tokenizer)
         write_json(path, dict(labels=words.labels, remap_labels=words.remap_labels,
                               ids={c: words.label_token_ids(ctx.model.tokenizer, c) for c in ("main", "remap")}))
     saved = read_json(path)
-    return SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=p.get("per_k", 50))
+    task = SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=p.get("per_k", 50))
+    return task, saved["ids"]
 
 
 def _sula(ctx: Context, p: dict, condition: str) -> tuple[Activations, dict]:
-    task = sula_task(ctx, p)
+    task, ids = sula_task(ctx, p)
     cols = task.generate(condition, seed=p.get("seed", 42))
     layers = sorted(set(ctx.layers(p.get("layers", "spread5")) + ctx.layers(None)))
-    ids = read_json(ctx.folder / "sula_task.json")["ids"]["remap" if condition == "remap" else "main"]
     key = f"sula-{condition}-k{task.per_k}-s{p.get('seed', 42)}"
     acts = ctx.activations(key, lambda: cols["text"], layers=layers, readings=("v",),
-                           label_tokens=ids)
+                           label_tokens=ids["remap" if condition == "remap" else "main"])
     return acts, cols
 
 
@@ -286,38 +287,48 @@ def split_by_k(k: list[int], seed: int) -> tuple[list[int], list[int]]:
     return sorted(fit), sorted(ev)
 
 
+def intervention_protocol(ctx: Context, p: dict, model, prompts: list, acts: Activations, cols: dict, *,
+                          label_tokens: list[int], layer_sets: list[list[int]], fit_idx: list[int],
+                          eval_idx: list[int]) -> dict:
+    """Fit an entropy axis per layer on ``fit_idx``, run every edit of ``p`` on the ``eval_idx`` prompts against
+    the control axes, write ``rows.json`` into the probe's folder, and return the summary."""
+    from .interventions import run_interventions, summarize
+
+    layers = sorted({x for s in layer_sets for x in s})
+    axes = {layer: fit_entropy_axis(acts, layer, p.get("method", "pc1"), subset=fit_idx, folds=0,
+                                    seed=ctx.config.seed) for layer in layers}
+    task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
+    t = time.perf_counter()
+    res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
+                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
+                            label_tokens=label_tokens, layer_sets=layer_sets,
+                            ops=p.get("ops", ["cut", "only", "shift+", "shift-"]),
+                            n_isotropic=p.get("n_isotropic", 20), n_matched=p.get("n_matched", 20),
+                            n_pcs=p.get("n_pcs", 3), seed=ctx.config.seed, batch_size=ctx.config.batch_size,
+                            progress=not ctx.config.quiet)
+    write_json(ctx.probe_folder / "rows.json", res.rows)
+    return dict(method=p.get("method", "pc1"), layer_sets=layer_sets, n_eval=len(eval_idx), n_fit=len(fit_idx),
+                baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
+                summary=summarize(res, task, seed=ctx.config.seed), n_forward_prompts=res.n_forward_prompts,
+                forward_seconds=time.perf_counter() - t,
+                axis_sigma={str(layer): a.sigma for layer, a in axes.items()})
+
+
 def interventions_probe(ctx: Context, p: dict) -> dict:
     """Paper III's causal test on SULA: cut / only / +-1 sigma shift of the entropy axis at single layers and a
     multi-layer set, against isotropic, variance-matched and PC control axes. The axes are fitted on one half of
     the prompts (half of every k) and the edits evaluated on the other half (``fit: in_sample`` fits on the
     evaluation half itself, as the paper did)."""
-    from .interventions import run_interventions, summarize
-
     acts, cols = _sula(ctx, p, "main")
     fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
     if p.get("fit", "cross") == "in_sample":
         fit_idx = eval_idx
     n = ctx.n_layers()
     layer_sets = [ctx.layers(s) if isinstance(s, str) else [(int(x) + n) % n for x in s] for s in p["layer_sets"]]
-    layers = sorted({x for s in layer_sets for x in s})
-    axes = {layer: fit_entropy_axis(acts, layer, p.get("method", "pc1"), subset=fit_idx, folds=0,
-                                    seed=ctx.config.seed) for layer in layers}
-    task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
-    t = time.perf_counter()
-    res = run_interventions(ctx.model, [cols["text"][i] for i in eval_idx], axes,
-                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
-                            label_tokens=read_json(ctx.folder / "sula_task.json")["ids"]["main"],
-                            layer_sets=layer_sets, ops=p.get("ops", ["cut", "only", "shift+", "shift-"]),
-                            n_isotropic=p.get("n_isotropic", 20), n_matched=p.get("n_matched", 20),
-                            n_pcs=p.get("n_pcs", 3), seed=ctx.config.seed, batch_size=ctx.config.batch_size,
-                            progress=not ctx.config.quiet)
-    write_json(ctx.probe_folder / "rows.json", res.rows)
-    baseline = {k: v for k, v in res.baseline.items() if k != "entropy"}
-    return dict(fit=p.get("fit", "cross"), method=p.get("method", "pc1"), layer_sets=layer_sets,
-                n_eval=len(eval_idx), n_fit=len(fit_idx), baseline=baseline,
-                summary=summarize(res, task, seed=ctx.config.seed), n_forward_prompts=res.n_forward_prompts,
-                forward_seconds=time.perf_counter() - t,
-                axis_sigma={str(layer): a.sigma for layer, a in axes.items()})
+    _, ids = sula_task(ctx, p)
+    return dict(fit=p.get("fit", "cross"),
+                **intervention_protocol(ctx, p, ctx.model, cols["text"], acts, cols, label_tokens=ids["main"],
+                                        layer_sets=layer_sets, fit_idx=fit_idx, eval_idx=eval_idx))
 
 
 WINDTUNNELS_DIR = Path(__file__).resolve().parent / "windtunnel" / "checkpoints"
@@ -345,7 +356,6 @@ def windtunnel_probe(ctx: Context, p: dict) -> dict:
     """The same analyses on a wind-tunnel transformer, where the posterior is exact: calibration, the value
     manifold against Bayes entropy, cross-fitted entropy axes, keys, attention focusing and the intervention
     protocol (axes fitted on half of the prompts of every query position, edits evaluated on the other half)."""
-    from .interventions import run_interventions, summarize
     from .windtunnel.configs import TrainConfig, make_task
 
     name = p.get("checkpoint", "bijection-cpu")
@@ -359,18 +369,9 @@ def windtunnel_probe(ctx: Context, p: dict) -> dict:
     bayes = np.array(cols["bayes_entropy"])
     h_model = acts.entropy.double().numpy()
     fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
-    layer_sets = [[(int(x) + n) % n for x in s] for s in p.get("layer_sets", [[-1]])]
-    layers = sorted({x for s in layer_sets for x in s})
-    axes = {layer: fit_entropy_axis(acts, layer, p.get("method", "pc1"), subset=fit_idx, folds=0,
-                                    seed=ctx.config.seed) for layer in layers}
-    task_eval = {key: [cols[key][i] for i in eval_idx] for key in cols}
-    res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
-                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task_eval,
-                            label_tokens=task.hypothesis_ids, layer_sets=layer_sets,
-                            ops=p.get("ops", ["cut", "only", "shift+", "shift-"]),
-                            n_isotropic=p.get("n_isotropic", 20), n_matched=p.get("n_matched", 20),
-                            n_pcs=p.get("n_pcs", 3), seed=ctx.config.seed, progress=not ctx.config.quiet)
-    write_json(ctx.probe_folder / "rows.json", res.rows)
+    interventions = intervention_protocol(
+        ctx, p, model, prompts, acts, cols, label_tokens=task.hypothesis_ids, fit_idx=fit_idx, eval_idx=eval_idx,
+        layer_sets=[[(int(x) + n) % n for x in s] for s in p.get("layer_sets", [[-1]])])
     axis_fits = {}
     for layer in range(1, n):  # layer 0's final-token value depends on the final token alone
         for target, y in (("model", None), ("bayes", bayes)):
@@ -389,9 +390,7 @@ def windtunnel_probe(ctx: Context, p: dict) -> dict:
                                                               seed=ctx.config.seed)),
         focusing=attention_focusing(acts.readings["attn_entropy"], n_boot=p.get("n_boot", 1000),
                                     seed=ctx.config.seed),
-        interventions=dict(layer_sets=layer_sets, n_eval=len(eval_idx), n_forward_prompts=res.n_forward_prompts,
-                           baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
-                           summary=summarize(res, task_eval, seed=ctx.config.seed)),
+        interventions=interventions,
     )
 
 
