@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .geometry import as_float64, correlations, pca
+from .errors import AxisError
+from .geometry import CONSTANT_RTOL, as_float64, correlations, pca
 
 METHODS = ("pc1", "ridge")
 
@@ -41,7 +42,7 @@ def _fit_direction(x: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
 
         w = RidgeCV(alphas=np.logspace(-3, 4, 15)).fit((x - mean) / sd, y).coef_
     else:
-        raise ValueError(f"Unknown axis method '{method}'; choose one of {', '.join(METHODS)}.")
+        raise AxisError(f"Unknown axis method '{method}'; choose one of {', '.join(METHODS)}.")
     u = w / sd
     norm = np.linalg.norm(u)
     if norm == 0:  # a ridge fit that found nothing (all coefficients shrunk to 0): no direction, projections 0
@@ -63,6 +64,12 @@ class EntropyAxis:
     in_sample: dict  # pearson / spearman of v . u with entropy on the fit prompts
     held_out: dict | None  # the same from cross-fitting (None when folds < 2)
     provenance: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        held = f"{self.held_out['pearson']:+.3f}" if self.held_out else "n/a"
+        return (f"EntropyAxis(layer={self.layer}, method={self.method!r}, dim={self.direction.numel()}, "
+                f"sigma={self.sigma:.4g}, r_in_sample={self.in_sample['pearson']:+.3f}, r_held_out={held}, "
+                f"target={self.provenance.get('target', '?')!r})")
 
     def project(self, values: torch.Tensor) -> torch.Tensor:
         """v . u for each row of ``values`` ([n, dim] -> [n])."""
@@ -89,6 +96,21 @@ class EntropyAxis:
         return cls(direction=load_file(path / "axis.safetensors")["direction"], **meta)
 
 
+def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds: int, seed: int) -> np.ndarray:
+    """Each row projected on an axis fitted on the other folds, centred on that training fold's mean.
+
+    Centring matters: each fold's axis has its own offset mean . u, and pooling uncentred projections across folds
+    mixes those offsets into the correlation (a constant added to every value would change it)."""
+    from sklearn.model_selection import KFold
+
+    if folds > len(x):
+        raise AxisError(f"folds={folds} exceeds the {len(x)} fit prompts; use fewer folds.")
+    out = np.empty(len(x))
+    for train, part in KFold(n_splits=folds, shuffle=True, random_state=seed).split(x):
+        out[part] = (x[part] - x[train].mean(axis=0)) @ _fit_direction(x[train], y[train], method)
+    return out
+
+
 def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int = 5, entropy=None,
                      subset=None, seed: int = 0) -> EntropyAxis:
     """Fit the entropy axis of ``layer`` from ``Activations`` (value reading).
@@ -101,21 +123,14 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     y_all = as_float64(acts.entropy if entropy is None else entropy)
     idx = np.arange(len(x_all)) if subset is None else np.asarray(subset)
     x, y = x_all[idx], y_all[idx]
-    if np.ptp(x, axis=0).max() == 0:
-        raise ValueError(f"The values at layer {layer} are identical for every prompt (at layer 0 the final token's "
+    if np.ptp(x, axis=0).max() <= CONSTANT_RTOL * np.abs(x).max():  # every coordinate constant up to rounding
+        raise AxisError(f"The values at layer {layer} are identical for every prompt (at layer 0 the final token's "
                          "value depends on that token alone); fit the axis at a later layer.")
     u = _fit_direction(x, y, method)
     proj = x @ u
     held_out = None
     if folds and folds >= 2:
-        if folds > len(x):
-            raise ValueError(f"folds={folds} exceeds the {len(x)} fit prompts; use fewer folds.")
-        order = np.random.default_rng(seed).permutation(len(x))
-        out = np.empty(len(x))
-        for part in np.array_split(order, folds):
-            train = np.setdiff1d(order, part)
-            out[part] = x[part] @ _fit_direction(x[train], y[train], method)
-        held_out = dict(correlations(out, y), folds=folds)
+        held_out = dict(correlations(cross_fitted_projections(x, y, method, folds=folds, seed=seed), y), folds=folds)
     layer_idx = acts.layer_index(layer)
     provenance = dict(model=acts.meta.get("model"), layer=layer_idx, prompt_digest=acts.meta.get("prompt_digest"),
                       n_fit=int(len(idx)), fit_indices=idx.tolist(), target="model entropy" if entropy is None

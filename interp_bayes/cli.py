@@ -15,7 +15,7 @@ def _sweep(args: argparse.Namespace) -> None:
     from .sweep import run_sweep
 
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
-    config = base.override(model=args.model, out=args.out, prompts=args.prompts, probes=args.probes,
+    config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts, probes=args.probes,
                            layers=args.layers, seed=args.seed,
                            dtype=args.dtype, device=args.device, batch_size=args.batch_size, threads=args.threads,
                            quiet=True if args.quiet else None)
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run the analyses on one model and write a run folder")
     p.add_argument("--config", help="YAML file of SweepConfig keys; flags override it")
     p.add_argument("--model", help="registry alias, local HF folder or Hub id (default smollm2-135m)")
+    p.add_argument("--revision", help="Hub revision of the model (branch, tag or commit, e.g. step1000)")
     p.add_argument("--out", help="root folder for runs (default reports)")
     p.add_argument("--prompts", help="prompt pool of the manifold probes: built-in set or JSONL file (default pool)")
     p.add_argument("--probes", nargs="+", help="probe names (probes/*.yaml) or YAML paths (default: all)")

@@ -12,8 +12,9 @@ import yaml
 from .errors import InterpBayesError
 from .models import DEFAULT_MODEL
 
-# fields that do not change any number a run computes, so they do not enter its id
-_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads"}
+# fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
+# so that adding a probe reuses the run folder and everything already collected in it
+_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes"}
 
 
 class ConfigError(InterpBayesError, ValueError):
@@ -24,7 +25,8 @@ class ConfigError(InterpBayesError, ValueError):
 class SweepConfig:
     """What a sweep measures and where it writes. Every field is a YAML key and a ``--flag``."""
 
-    model: str = DEFAULT_MODEL  # registry alias, local HF folder or Hub id
+    model: str = DEFAULT_MODEL  # registry alias, local HF folder, .gguf file or Hub id
+    revision: str | None = None  # Hub revision (branch, tag or commit; e.g. Pythia's step1000)
     out: str = "reports"  # root of run folders
     prompts: str = "pool"  # prompt pool of the manifold and focusing probes: built-in set or JSONL path
     probes: list[str] | None = None  # probe names (probes/*.yaml) or YAML paths; None: every built-in probe
@@ -37,8 +39,13 @@ class SweepConfig:
     quiet: bool = False
 
     def digest(self) -> str:
-        """Short hash of the fields that determine results: the run id, so a rerun finds its own folder."""
-        d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST}
+        """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
+        its resolved identity (``models.model_identity``), so an alias, a relative path, an absolute path and a path
+        with a trailing slash give one id, and a folder whose weights changed gives a new one."""
+        from .models import model_identity
+
+        d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST | {"model", "revision"}}
+        d["model"] = model_identity(self.model, self.revision)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
     def to_yaml(self) -> str:

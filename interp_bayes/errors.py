@@ -19,3 +19,15 @@ class PromptError(InterpBayesError, ValueError):
 
 class NonFiniteActivationError(InterpBayesError, FloatingPointError):
     """NaN or inf in a captured activation; the message names the layer."""
+
+
+class AxisError(InterpBayesError, ValueError):
+    """An entropy axis that cannot be fitted as asked (too few prompts for the folds, constant values)."""
+
+
+class InterventionError(InterpBayesError, ValueError):
+    """An edit that does not fit the layer it is applied to (wrong layer, wrong dimension)."""
+
+
+class ConfigError(InterpBayesError, ValueError):
+    """A configuration file, flag or parameter the toolkit does not understand."""

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .errors import NonFiniteActivationError, PromptError
-from .models import model_info
+from .models import checkpoint_tokenizer, model_info, tokenizer_policy
 
 LN2 = math.log(2.0)
 
@@ -158,14 +158,15 @@ def entropy_bits(logits: torch.Tensor) -> torch.Tensor:
 
 def tokenize(model, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,
              prepend_bos: bool | None = None) -> list[list[int]]:
-    """Token ids per prompt. Text uses the tokenizer's own special-token policy unless ``prepend_bos`` forces it."""
+    """Token ids per prompt. Text goes through the checkpoint's own tokenizer with its own special-token policy
+    (not TransformerLens's rebuilt one, which always adds BOS), unless ``prepend_bos`` forces BOS on or off."""
     if isinstance(prompts, torch.Tensor):
         return [row.tolist() for row in prompts]
     if len(prompts) == 0:
         raise PromptError("The prompt list is empty; pass at least one prompt.")
     if not isinstance(prompts[0], str):
         return [list(map(int, p)) for p in prompts]
-    tok = model.tokenizer
+    tok = checkpoint_tokenizer(model)
     out = []
     for text in prompts:
         ids = tok(text, add_special_tokens=True)["input_ids"]
@@ -300,11 +301,14 @@ def collect(
                                        "(try float32) or the model weights.")
 
     info = model_info(model)
-    bos = getattr(model.tokenizer, "bos_token_id", None) if getattr(model, "tokenizer", None) is not None else None
+    tok = checkpoint_tokenizer(model) if getattr(model, "tokenizer", None) is not None else None
+    policy = tokenizer_policy(tok) if tok is not None else None
+    bos = policy["bos_token_id"] if policy else None
     meta = dict(
         model=info.to_dict(), layers=layer_idx, n_layers=n_layers, readings=list(readings),
         n_heads=cfg.n_heads, n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, d_head=cfg.d_head,
-        bos_token_id=bos, bos_prepended=[bool(ids) and ids[0] == bos for ids in token_ids] if bos is not None else None,
+        tokenizer=policy, bos_token_id=bos,
+        bos_prepended=[bool(ids) and ids[0] == bos for ids in token_ids] if bos is not None else None,
         prepend_bos=prepend_bos, label_tokens=list(map(int, label_tokens)) if label_tokens is not None else None,
         entropy_over="labels" if labels is not None else "vocabulary", entropy_unit="bits",
         prompt_digest=prompt_digest(token_ids), n_prompts=n,

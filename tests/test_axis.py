@@ -9,10 +9,9 @@ from interp_bayes.axis import EntropyAxis, fit_entropy_axis
 from interp_bayes.extract import Activations
 
 
-def fake_acts(x, y):
+def fake_acts(x, y, dtype=torch.float32):
     meta = dict(layers=[3], n_layers=4, model={"name": "synthetic"}, prompt_digest="x")
-    return Activations({"v": {3: torch.tensor(x, dtype=torch.float32)}}, torch.tensor(y, dtype=torch.float32),
-                       [[0]] * len(y), meta)
+    return Activations({"v": {3: torch.tensor(x, dtype=dtype)}}, torch.tensor(y, dtype=dtype), [[0]] * len(y), meta)
 
 
 def planted(n=300, d=40, equal=True, seed=0):
@@ -61,3 +60,22 @@ def test_save_load_round_trip(tmp_path):
     assert torch.equal(back.direction, axis.direction)
     assert (back.sigma, back.in_sample, back.held_out, back.provenance) == (axis.sigma, axis.in_sample,
                                                                           axis.held_out, axis.provenance)
+
+
+def test_a_constant_offset_leaves_the_held_out_correlation_unchanged():
+    """Each fold's projections are centred on its training fold's mean; pooled uncentred projections would mix
+    the folds' offsets (mean . u) into the correlation."""
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((120, 30)), rng.uniform(0, 4, 120)
+    x[:, 0] += 2.0 * y  # a planted signal
+    for method in ("pc1", "ridge"):  # float64 values, so that adding 30 itself rounds nothing away
+        plain = fit_entropy_axis(fake_acts(x, y, torch.float64), method=method, folds=5, seed=1)
+        shifted = fit_entropy_axis(fake_acts(x + 30.0, y, torch.float64), method=method, folds=5, seed=1)
+        assert abs(plain.held_out["pearson"] - shifted.held_out["pearson"]) < 1e-9, method
+        assert plain.held_out["pearson"] > 0.3
+
+
+def test_axis_repr_is_a_summary():
+    x, y, _ = planted(n=50)
+    text = repr(fit_entropy_axis(fake_acts(x, y), folds=3))
+    assert text.startswith("EntropyAxis(layer=3, method='pc1', dim=40") and "\n" not in text and len(text) < 200

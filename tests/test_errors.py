@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from interp_bayes import models
-from interp_bayes.errors import ModelLoadError, ModelNotFoundError, NonFiniteActivationError, PromptError
+from interp_bayes.errors import (InterpBayesError, ModelLoadError, ModelNotFoundError, NonFiniteActivationError,
+                                 PromptError)
 from interp_bayes.extract import collect
 from interp_bayes.models import load_model
 
@@ -85,3 +86,38 @@ def test_unknown_layer_and_reading(tiny_dirs):
         collect(bridge, ["hi"], layers=(7,), progress=False)
     with pytest.raises(ValueError, match="Unknown reading"):
         collect(bridge, ["hi"], readings=("q",), progress=False)
+
+
+def test_run_id_is_the_model_not_its_spelling(tiny_dirs, tmp_path, monkeypatch):
+    import shutil
+
+    from interp_bayes.config import SweepConfig
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dirs["pythia"], folder)
+    monkeypatch.chdir(tmp_path)
+    ids = {SweepConfig(model=spelling).digest() for spelling in (str(folder), "model", "./model/", str(folder) + "/")}
+    assert len(ids) == 1
+    assert SweepConfig(model="model", probes=["keys"]).digest() in ids  # the probe list is not the run's identity
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one changed bit in the weights, same size
+    weights.write_bytes(bytes(data))
+    assert SweepConfig(model="model").digest() not in ids
+    assert SweepConfig(model=str(tiny_dirs["llama3"])).digest() not in ids
+
+
+def test_gguf_path_is_explained(tmp_path):
+    with pytest.raises(ModelNotFoundError, match=r"\.gguf file is converted automatically"):
+        load_model(tmp_path / "missing.gguf")
+
+
+def test_evaluate_windtunnel_takes_a_task_name():
+    from interp_bayes.sweep import WINDTUNNELS_DIR
+    from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel
+
+    model, _ = load_windtunnel(WINDTUNNELS_DIR / "bijection-cpu")
+    out = evaluate_windtunnel(model, "bijection", n=50)
+    assert out[20]["per_sample_entropy_mae_bits"] < 0.05
+    with pytest.raises(InterpBayesError, match="known tasks: bijection, hmm"):
+        evaluate_windtunnel(model, "bijektion", n=10)

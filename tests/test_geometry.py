@@ -127,3 +127,17 @@ def test_resampled_interval_covers_a_fresh_set_where_the_bootstrap_is_biased():
     assert res["pc1_ci"][0] <= point <= res["pc1_ci"][1] and res["n_resample"] == 100
     boot = bootstrap_shares(pool[first], n_boot=200)
     assert boot["pc1_ci"][0] > point  # the bootstrap interval misses the very share it resamples
+
+
+def test_near_constant_inputs_give_nan_with_a_reason_not_noise():
+    """At k = 1 the Bayes entropy is constant up to 3e-16: a correlation with it is one of rounding noise."""
+    from interp_bayes.geometry import correlations, is_constant
+    from interp_bayes.tasks.icl import binary_entropy_bits, posterior_label1
+
+    h = binary_entropy_bits(posterior_label1(np.array([1, 0, 1, 0]), np.array([0, 1, 0, 1])))
+    h = h + np.array([0.0, 2.2e-16, -1.1e-16, 3.3e-16])  # what float arithmetic leaves on a constant
+    assert np.ptp(h) > 0 and is_constant(h)
+    out = correlations(np.array([0.1, 0.5, 0.2, 0.9]), h)
+    assert np.isnan(out["pearson"]) and np.isnan(out["spearman"]) and "second input" in out["reason"]
+    assert not is_constant(np.array([1.0, 1.0 + 1e-6])) and is_constant(np.zeros(3))
+    assert np.isfinite(correlations([1, 2, 3], [1, 3, 2])["pearson"])

@@ -137,3 +137,26 @@ def test_runner_rows_and_summary(tiny_dirs):
     assert len(summary) == 4 * 3
     mae = next(s for s in summary if s["metric"] == "mae_k_ge_1" and s["op"] == "cut" and s["layer_set"] == "1")
     assert mae["true_effect_ci"][0] <= mae["true_effect_ci"][1] and 0 <= mae["isotropic_percentile"] <= 1
+
+
+def test_axis_applied_at_another_layer_or_of_wrong_size_is_refused(tiny_dirs):
+    from interp_bayes.axis import fit_entropy_axis
+    from interp_bayes.errors import InterventionError
+    from interp_bayes.extract import collect
+    from interp_bayes.interventions import AxisCut, intervene
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs["llama3"])
+    acts = collect(model, ["the cat sat on the mat", "hello world 0 1 2 3", "the mat", "a b c d e f g",
+                           "def f(x): return x + 1", "the cat sat"], layers=(1,), progress=False)
+    axis = fit_entropy_axis(acts, layer=1, folds=0)
+    with pytest.raises(InterventionError, match="fitted at layer 1 but would be applied at layer 0"):
+        with intervene(model, {0: AxisCut(axis)}):
+            pass
+    with intervene(model, {0: AxisCut(axis)}, allow_layer_mismatch=True):
+        pass
+    with intervene(model, {-1: AxisCut(axis)}):  # -1 is layer 1 of 2
+        pass
+    with pytest.raises(InterventionError, match=r"has 7 numbers but hook_v at layer 1 has 2 KV heads x 24 = 48"):
+        with intervene(model, {1: AxisCut(torch.ones(7))}):
+            pass

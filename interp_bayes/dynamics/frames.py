@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from interp_bayes.geometry import as_float64, mean_abs_offdiag_cos, pca, spearman
+from interp_bayes.geometry import as_float64, is_constant, mean_abs_offdiag_cos, pca, spearman
 from interp_bayes.tasks.base import entropy_bits
 
 from .measures import _log_interval, cv_r2, entropy_nats, pc1_share
@@ -75,7 +75,7 @@ def low_entropy_separation(values: torch.Tensor, bayes_entropy: torch.Tensor, qu
     small hypothesis sets, ~0 when they are collapsed together."""
     low = bayes_entropy <= torch.quantile(bayes_entropy, quantile)
     pc1, h = pca(values, standardize=False)[2][:, 0][low.numpy()], bayes_entropy[low].numpy()
-    if np.ptp(pc1) == 0 or np.ptp(h) == 0:
+    if is_constant(pc1) or is_constant(h):
         return 0.0
     return abs(spearman(pc1, h))
 

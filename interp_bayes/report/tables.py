@@ -52,7 +52,7 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
         if name in metrics:
             rep = _last(metrics[name])
             rows += [(f"{label} PC1", share_cells(rep, "pc1")), (f"{label} PC1+PC2", share_cells(rep, "pc12")),
-                     (f"{label} Spearman(PC1, H)", f"{rep['pc1_vs_entropy']['spearman']:+.2f} (|rho|, PC1 oriented)"),
+                     (f"{label} Spearman(PC1, H)", f"{rep['pc1_vs_entropy']['spearman']:+.2f} (PC1 oriented so that Pearson r >= 0)"),
                      (f"{label} participation ratio", f"{rep['participation_ratio']:.1f} of {rep['dim']} dims")]
     if "keys" in metrics:
         k = metrics["keys"]
@@ -75,7 +75,7 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
                          f"{g['pc1_vs_bayes_entropy']['spearman']:+.2f}; PC1 {_pct(g['pc1_share'])}"))
     if "axis" in metrics:
         last = max(metrics["axis"].values(), key=lambda a: (a.get("layer", -1), a.get("method") == "pc1"))["layer"]
-        for key, a in metrics["axis"].items():
+        for key, a in sorted(metrics["axis"].items()):
             if key.startswith("_") or a["layer"] != last:
                 continue
             rows.append((f"entropy axis {a['method']} L{a['layer']}: r in-sample / held-out",
@@ -88,15 +88,26 @@ def summary_rows(metrics: dict) -> list[tuple[str, str]]:
     return rows
 
 
+MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no interval is shown
+
+
+def control_cell(s: dict, fam: str) -> str:
+    """A control family's mean effect with its percentile and draw count, or why there is no percentile."""
+    n = s.get(f"{fam}_n", 0)
+    if n < MIN_DRAWS:
+        return f"{fam} {s[f'{fam}_mean']:+.4f} (too few draws for a percentile: {n})"
+    lo, hi = s[f"{fam}_range"]
+    return f"{fam} {s[f'{fam}_mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] (pct {s[f'{fam}_percentile']:.2f} of {n} draws)"
+
+
 def intervention_rows(summary: list[dict], prefix: str) -> list[tuple[str, str]]:
     """One row per (layer set, op): the true axis' change in k>=1 MAE with its interval, against the control
-    families' mean changes and its percentile among the isotropic and matched draws."""
+    families' mean changes and its percentile among their draws (with the draw count)."""
     rows = []
     for s in summary:
         if s["metric"] != "mae_k_ge_1":
             continue
-        controls = "; ".join(f"{fam} {s[f'{fam}_mean']:+.4f} (pct {s[f'{fam}_percentile']:.2f})"
-                             for fam in ("isotropic", "matched", "pcs") if f"{fam}_mean" in s)
+        controls = "; ".join(control_cell(s, fam) for fam in ("isotropic", "matched", "pcs") if f"{fam}_mean" in s)
         ci = s.get("true_effect_ci", [float("nan")] * 2)
         rows.append((f"{prefix}{s['op']} L{s['layer_set']}: change in MAE k>=1 (bits)",
                      f"true {s['true_effect']:+.4f} ({ci[0]:+.4f}, {ci[1]:+.4f}); {controls}"))

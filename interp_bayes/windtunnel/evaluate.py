@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from interp_bayes.tasks.base import TaskBatch, entropy_bits
-from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, MLPBaseline, TrainConfig, make_task
+from interp_bayes.errors import ConfigError
+from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
 
 LN2 = math.log(2.0)
 
@@ -86,14 +87,20 @@ def evaluate_windtunnel(
 ) -> dict[int, dict[str, Any]]:
     """Score ``model`` on ``n`` held-out sequences per length; returns {length: metrics} (see module docstring).
 
-    ``model`` may be a trained folder (its task is then read from windtunnel.json); ``task`` a task object.
+    ``model`` may be a trained folder (its task is then read from windtunnel.json); ``task`` a task object or a
+    task name (``"bijection"``, ``"hmm"``: the task with its default settings).
     ``lengths`` defaults to the task's training length, plus 30 and 50 for the HMM (length generalisation).
     """
     if isinstance(model, (str, Path)):
         model, cfg = load_windtunnel(model)
         task = task or make_task(cfg)
+    if isinstance(task, str):
+        if task not in TASKS:
+            raise ConfigError(f"Unknown wind-tunnel task '{task}'; known tasks: {', '.join(sorted(TASKS))}.")
+        task = TASKS[task]()
     if task is None:
-        raise ValueError("evaluate_windtunnel needs a task object when given a model rather than a folder.")
+        raise ConfigError("evaluate_windtunnel needs a task (a name or a task object) when given a model rather "
+                          "than a trained folder.")
     model.eval()
     results = {}
     for length in lengths or default_lengths(task):
