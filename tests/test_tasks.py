@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from interp_bayes.tasks.base import entropy_bits
 from interp_bayes.tasks.bijection import BijectionTask
-from interp_bayes.tasks.hmm import MIN_CENTS, HMMTask, discretize_rows, hmm_filter
+from interp_bayes.errors import ConfigError
+from interp_bayes.tasks.hmm import MIN_CENTS, HMMTask, discretize_rows, hmm_filter, split_cents
 
 torch.set_num_threads(1)
 
@@ -59,7 +60,7 @@ def test_bijection_with_replacement_is_a_delta_on_repeated_keys():
     torch.testing.assert_close(h[~repeated], torch.log2(5 - n_distinct_seen[~repeated].float()))
 
 
-@pytest.mark.parametrize("task", [BijectionTask(), HMMTask()])
+@pytest.mark.parametrize("task", [BijectionTask(), HMMTask(), HMMTask(transitions="sticky", emissions="peaked")])
 def test_generation_is_reproducible_from_a_seed(task):
     a, b, c = task.sample(8, seed=7), task.sample(8, seed=7), task.sample(8, seed=8)
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.posterior, b.posterior)
@@ -117,3 +118,63 @@ def test_discretized_rows_are_valid_hundredths(raw):
     cents = discretize_rows(p[None])[0]
     assert cents.sum() == 100 and cents.min() >= MIN_CENTS
     assert np.abs(cents - 100 * p).max() <= 5
+
+
+VARIANTS = [dict(transitions="sticky"), dict(emissions="peaked"), dict(transitions="sticky", emissions="peaked")]
+
+
+@pytest.mark.parametrize("kwargs", VARIANTS)
+def test_hmm_variant_posteriors_match_enumeration_under_the_matrices_in_the_tokens(kwargs):
+    task = HMMTask(n_steps=4, **kwargs)
+    b = task.sample(6, seed=4)
+    assert task.vocab[0] == "0.00" and task.vocab[-1] == "s4" and len(task.vocab) == 101 + 4 + 5 + 5
+    T, E = task.matrices(b.input_ids)
+    T, E = T.numpy(), E.numpy()
+    obs = task.observations(b.input_ids).numpy()
+    np.testing.assert_array_equal(obs, b.input_ids[:, b.query_pos].numpy() - task.symbol_offset)
+    np.testing.assert_allclose(T.sum(-1), 1.0)
+    np.testing.assert_allclose(E.sum(-1), 1.0)
+    for i in range(6):
+        np.testing.assert_allclose(b.posterior[i].numpy(), brute_force_filter(T[i], E[i], obs[i].tolist()), atol=1e-6)
+
+
+def test_sticky_rows_keep_their_state_with_the_drawn_probability():
+    task = HMMTask(transitions="sticky", stay_cents=(90, 98))
+    T, _ = task.matrices(task.sample(500, seed=1).input_ids)
+    cents = torch.round(T * 100).long()
+    stay = torch.diagonal(cents, dim1=1, dim2=2)  # [n, S]
+    assert stay.min() == 90 and stay.max() == 98  # every value of the range is reached in 2,500 rows
+    assert (cents.sum(-1) == 100).all() and (cents >= 0).all()
+
+
+def test_peaked_emissions_give_each_state_its_own_symbol():
+    task = HMMTask(emissions="peaked", peak_cents=(80, 95))
+    _, E = task.matrices(task.sample(300, seed=2).input_ids)
+    top, symbol = (E * 100).round().max(-1)
+    assert top.min() >= 80 and top.max() <= 95
+    assert all(len(set(row.tolist())) == 5 for row in symbol)  # one-to-one
+
+
+def test_the_default_task_is_unchanged_by_the_variants():
+    # the paper's family keeps its 0.05 floor and token ids, so committed checkpoints stay valid
+    task = HMMTask()
+    assert task.min_cents == MIN_CENTS and task.vocab[0] == "0.05" and task.trans_id == 96
+    ids = task.sample(2, seed=0).input_ids
+    assert ids[0, :6].tolist() == [96, 22, 36, 0, 0, 17]  # what the code before the variants drew for seed 0
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(transitions="lazy"), "transitions"),
+                                          (dict(emissions="peaked", n_obs=3), "n_obs=3"),
+                                          (dict(transitions="sticky", stay_cents=(90, 101)), "cents range")])
+def test_bad_hmm_variants_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        HMMTask(**kwargs).sample(2, seed=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=6), st.integers(1, 6), st.integers(0, 2**31))
+def test_split_cents_sums_exactly(totals, parts, seed):
+    total = np.array(totals)
+    out = split_cents(np.random.default_rng(seed), total, parts)
+    assert out.shape == (len(totals), parts) and (out >= 0).all()
+    np.testing.assert_array_equal(out.sum(-1), total)
