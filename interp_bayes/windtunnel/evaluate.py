@@ -5,6 +5,11 @@
   averaged over positions (``src/utils/entropy.py``; errors can cancel, so it is the smaller number);
 - KL(Bayes || model) in bits, mean over sequences and positions.
 The model's distribution is its next-token softmax restricted to the task's hypothesis tokens.
+
+Beside the model, the same sequences are scored for the shortcut baselines of ``interp_bayes.tasks.filters`` (the
+uniform guess, the prior, the m-observation window filters, and the position-only entropy predictor), and the
+model's KL is compared with the best window filter's by a paired bootstrap over sequences: a wind-tunnel result
+counts only where the model beats the best window.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from interp_bayes.tasks.base import TaskBatch, entropy_bits
 from interp_bayes.errors import ConfigError
+from interp_bayes.tasks.base import TaskBatch, entropy_bits
+from interp_bayes.tasks.filters import baseline_posteriors, position_entropy
 from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
 
 LN2 = math.log(2.0)
@@ -54,11 +61,18 @@ def default_lengths(task: Any) -> list[int]:
     return [task.n_steps] + [k for k in (30, 50) if k > task.n_steps]
 
 
+def kl_bits(posterior: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(posterior || q) in bits over the last axis, [n, Q]; terms where the posterior is 0 count 0 (also where
+    q is 0 there, as for a window filter that has ruled a hypothesis out)."""
+    p = posterior.to(logq.dtype)
+    return torch.where(p > 0, p * (torch.log(p) - logq), torch.zeros_like(p)).sum(-1) / LN2
+
+
 def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
     """Per-position and averaged metrics from model log-probs and exact posteriors, both [n, Q, H]."""
     h_model = entropy_bits(logp.exp())  # [n, Q]
-    h_bayes = entropy_bits(posterior)  # [n, Q]
-    kl = (torch.special.xlogy(posterior, posterior) - posterior * logp).sum(-1) / LN2  # [n, Q]
+    h_bayes = entropy_bits(posterior.to(logp.dtype))  # [n, Q]
+    kl = kl_bits(posterior, logp)  # [n, Q]
     per_sample = (h_model - h_bayes).abs().mean(0)  # [Q]
     mean_curve = (h_model.mean(0) - h_bayes.mean(0)).abs()  # [Q]
     return {
@@ -75,6 +89,53 @@ def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def score_entropy_predictor(h_pred: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
+    """Entropy MAEs of a predictor that gives an entropy per position ([Q] bits) rather than a distribution; its
+    KL is undefined (NaN)."""
+    h_bayes = entropy_bits(posterior.double())  # [n, Q]
+    per_sample = (h_pred - h_bayes).abs().mean(0)
+    mean_curve = (h_pred - h_bayes.mean(0)).abs()
+    return {"per_sample_entropy_mae_bits": per_sample.mean().item(),
+            "mean_curve_entropy_mae_bits": mean_curve.mean().item(), "kl_bits": float("nan"),
+            "per_position": {"per_sample_entropy_mae_bits": per_sample.tolist(),
+                             "mean_curve_entropy_mae_bits": mean_curve.tolist()}}
+
+
+def paired_margin(baseline_kl: torch.Tensor, model_kl: torch.Tensor, *, n_boot: int = 2000,
+                  seed: int = 0) -> dict[str, Any]:
+    """Mean KL margin (baseline minus model, bits) over sequences with a 95% paired-bootstrap interval.
+
+    ``baseline_kl``, ``model_kl``: [n, Q] per sequence and position; sequences are the resampled unit (positions of
+    one sequence are not independent)."""
+    diff = (baseline_kl - model_kl).double().mean(1).numpy()  # [n] per-sequence margin
+    rng = np.random.default_rng(seed)
+    boots = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(1)
+    low, high = np.quantile(boots, [0.025, 0.975])
+    return {"margin_bits": float(diff.mean()), "margin_ci": [float(low), float(high)], "n_sequences": len(diff),
+            "n_boot": n_boot}
+
+
+def compare_with_baselines(logp: torch.Tensor, batch: TaskBatch, task: Any, *, windows: tuple[int, ...] = (1, 2, 3, 4),
+                           position_h: torch.Tensor | None = None, seed: int = 0) -> dict[str, Any]:
+    """Score every shortcut baseline on ``batch`` and compare the model (``logp`` [n, Q, H]) with the best window.
+
+    Returns ``baselines`` (name -> metrics, as ``score``), and ``vs_best_window``: the window filter with the lowest
+    KL, its KL and the model's, the margin with its paired-bootstrap interval, and ``beats`` (the interval's low end
+    above 0)."""
+    post = batch.posterior.double()
+    beliefs = baseline_posteriors(task, batch, windows)
+    out = {name: score(torch.log(q), post) for name, q in beliefs.items()}
+    if position_h is not None:
+        out["position-only"] = score_entropy_predictor(position_h, post)
+    best = min((name for name in out if name.startswith("window-")), key=lambda name: out[name]["kl_bits"])
+    margin = paired_margin(kl_bits(post, torch.log(beliefs[best])), kl_bits(post, logp.double()), seed=seed)
+    model_kl = kl_bits(post, logp.double()).mean().item()
+    versus = {"best_window": best, "window_kl_bits": out[best]["kl_bits"], "model_kl_bits": model_kl, **margin,
+              "kl_ratio": out[best]["kl_bits"] / model_kl if model_kl > 0 else float("inf"),
+              "beats": margin["margin_ci"][0] > 0}
+    return {"baselines": out, "vs_best_window": versus}
+
+
 @torch.no_grad()
 def evaluate_windtunnel(
     model: nn.Module | str | Path,
@@ -84,12 +145,16 @@ def evaluate_windtunnel(
     lengths: list[int] | None = None,
     seed: int = 2024,
     batch_size: int = 250,
+    baselines: bool = True,
+    windows: tuple[int, ...] = (1, 2, 3, 4),
 ) -> dict[int, dict[str, Any]]:
     """Score ``model`` on ``n`` held-out sequences per length; returns {length: metrics} (see module docstring).
 
     ``model`` may be a trained folder (its task is then read from windtunnel.json); ``task`` a task object or a
     task name (``"bijection"``, ``"hmm"``: the task with its default settings).
     ``lengths`` defaults to the task's training length, plus 30 and 50 for the HMM (length generalisation).
+    ``baselines`` adds ``baselines`` and ``vs_best_window`` (see ``compare_with_baselines``) on the same sequences;
+    the position-only entropy is the mean exact entropy per position over ``n`` other sequences (seed + 1).
     """
     if isinstance(model, (str, Path)):
         model, cfg = load_windtunnel(model)
@@ -104,10 +169,18 @@ def evaluate_windtunnel(
     model.eval()
     results = {}
     for length in lengths or default_lengths(task):
-        logps, posts = [], []
+        logps, batches = [], []
         for i, start in enumerate(range(0, n, batch_size)):
             batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
             logps.append(restricted_log_probs(model, batch, task.hypothesis_ids).cpu())
-            posts.append(batch.posterior)
-        results[length] = {"length": length, "n": n, **score(torch.cat(logps), torch.cat(posts))}
+            batches.append(batch)
+        logp = torch.cat(logps)
+        whole = TaskBatch(input_ids=torch.cat([b.input_ids for b in batches]), query_pos=batches[0].query_pos,
+                          posterior=torch.cat([b.posterior for b in batches]),
+                          labels=torch.cat([b.labels for b in batches]))
+        results[length] = {"length": length, "n": n, **score(logp, whole.posterior)}
+        if baselines:
+            position_h = position_entropy(task, length, n=n, seed=seed + 1)
+            results[length] |= compare_with_baselines(logp, whole, task, windows=windows, position_h=position_h,
+                                                      seed=seed)
     return results
