@@ -108,6 +108,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                      task_kwargs=dict(n_steps=8)),
     },
 }
+# Sticky HMM (self-transition 0.90..0.98 per state; t_mix(1/4) median 29 steps vs 2 for the paper's family): the
+# variant where the last four observations are not enough (docs/windtunnels.md). Same shapes as the HMM presets.
+STICKY = dict(transitions="sticky")
+PRESETS["hmm"] |= {
+    "sticky-paper": PRESETS["hmm"]["paper"] | dict(task_kwargs=STICKY),
+    "sticky-cpu": PRESETS["hmm"]["cpu"] | dict(task_kwargs=STICKY),
+    "sticky-tiny": PRESETS["hmm"]["tiny"] | dict(task_kwargs=STICKY | dict(n_steps=8)),
+}
 
 
 def make_config(task: str, preset: str = "cpu", **overrides: Any) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""Training loop for wind-tunnel models: fresh batches every step, AdamW with warm-up and cosine decay, clipping,
+"""Training loop for wind-tunnel models: fresh batches every step, AdamW with transformers' warm-up + cosine schedule, clipping,
 checkpoints on a dense-early schedule (each a loadable HF folder), a tqdm bar and a JSONL metrics log.
 
 Output folder::
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from interp_bayes.tasks.base import TaskBatch
 from interp_bayes.windtunnel.configs import (
@@ -36,14 +36,6 @@ from interp_bayes.windtunnel.configs import (
 )
 from interp_bayes.windtunnel.evaluate import default_lengths, evaluate_windtunnel, restricted_log_probs, score
 from interp_bayes.windtunnel.tokenizer import save_tokenizer
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to 1, then cosine decay to ``min_lr_frac`` at ``steps``."""
-    if step < cfg.warmup:
-        return (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def length_at(step: int, cfg: TrainConfig) -> int | None:
@@ -74,14 +66,16 @@ def loss_fn(logp: torch.Tensor, posterior: torch.Tensor, labels: torch.Tensor, k
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (no weight decay on biases and norms) with the warm-up + cosine schedule."""
+    """AdamW (no weight decay on biases and norms) with transformers' schedule: linear warm-up from 0 over
+    ``warmup`` steps, then cosine decay to ``lr * min_lr_frac`` at ``steps``."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=cfg.betas,
     )
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+    return opt, get_cosine_with_min_lr_schedule_with_warmup(opt, num_warmup_steps=cfg.warmup,
+                                                            num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_frac)
 
 
 def train_step(
@@ -167,7 +161,7 @@ def train_windtunnel(
 def add_train_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``interp-bayes train TASK --preset P --out DIR``."""
     parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
-    parser.add_argument("--preset", default="cpu", help="paper | cpu | tiny")
+    parser.add_argument("--preset", default="cpu", help="paper | cpu | tiny; for hmm also sticky-paper | sticky-cpu | sticky-tiny")
     parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
