@@ -376,15 +376,14 @@ class InterventionResult:
 def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
     """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with
     Bayes entropy and label accuracy for k >= 1."""
-    from .geometry import correlations
+    from .calibration import compare_to_bayes
 
-    k, bayes = np.asarray(task["k"]), np.asarray(task["bayes_entropy"])
-    err = np.abs(entropy - bayes)
-    pos = k >= 1
-    out = dict(mae=float(err.mean()), mae_k_ge_1=float(err[pos].mean()),
-               corr_bayes=correlations(entropy[pos], bayes[pos])["pearson"],
-               accuracy=float((label_logprobs[pos].argmax(-1) == np.asarray(task["latent"])[pos]).mean()))
-    out.update({f"mae_k{kk}": float(err[k == kk].mean()) for kk in sorted(set(k.tolist()))})
+    cmp = compare_to_bayes(entropy, task["bayes_entropy"], groups=task["k"], predicted=label_logprobs.argmax(-1),
+                           latent=task["latent"])
+    pos = cmp["k_ge_1"]
+    out = dict(mae=cmp["all"]["mae"], mae_k_ge_1=pos["mae"], corr_bayes=pos["corr_with_bayes"]["pearson"],
+               accuracy=pos["accuracy"])
+    out.update({f"mae_k{k}": b["mae"] for k, b in cmp["per_group"].items()})
     return out
 
 
