@@ -8,6 +8,11 @@ values; u is a unit vector there:
 - ``AxisOnly(u)``: (v.u)u
 - ``AxisShift(u, sigma, delta_sigma=1)``: v + delta_sigma * sigma * u
 
+Their k-dimensional generalisations, ``SubspaceCut(basis)`` (v - Pv) and ``SubspaceOnly(basis)`` (Pv), with P the
+orthogonal projector onto the span of a [k, dim] basis, act at any of three sites (``site=`` of ``intervene``):
+``"v"`` (``hook_v``), ``"z"`` (the attention output per query head, ``hook_z``) or ``"resid"`` (the residual stream
+after the block, ``hook_resid_post``).
+
 Controls, each a seeded family of draws (one generator per (seed, family, layer, draw)):
 
 - ``isotropic``: Gaussian directions orthogonalised against the true axis (the paper's control; such a direction
@@ -30,6 +35,19 @@ from .errors import InterventionError
 from .geometry import as_float64, pca
 
 HOOK_V = "blocks.{layer}.attn.hook_v"
+SITES = {"v": HOOK_V,  # [batch, pos, n_kv_heads, d_head]
+         "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, n_heads, d_head]
+         "resid": "blocks.{layer}.hook_resid_post"}  # [batch, pos, d_model]
+
+
+def site_dim(model, site: str) -> int:
+    """The flattened width of an edit site: n_kv * d_head for "v", n_heads * d_head for "z", d_model for "resid"."""
+    cfg = model.cfg
+    dims = {"v": (cfg.n_key_value_heads or cfg.n_heads) * cfg.d_head, "z": cfg.n_heads * cfg.d_head,
+            "resid": cfg.d_model}
+    if site not in dims:
+        raise InterventionError(f"Unknown edit site '{site}'; choose from {', '.join(SITES)}.")
+    return dims[site]
 
 
 def _unit(direction) -> torch.Tensor:
@@ -45,9 +63,15 @@ def _init_direction(op) -> None:
     object.__setattr__(op, "direction", _unit(op.direction))
 
 
+def _flat(v: torch.Tensor, dim: int) -> torch.Tensor:
+    """[..., heads, d_head] -> [..., heads * d_head] when that is the edit's width; [..., dim] stays as it is."""
+    return v.reshape(*v.shape[:-2], -1) if v.dim() >= 3 and v.shape[-1] != dim and v.shape[-2] * v.shape[-1] == dim \
+        else v
+
+
 def _along(v: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flatten [..., n_kv, d_head] to [..., dim] and return it with the component (v.u) along u."""
-    flat = v.reshape(*v.shape[:-2], -1) if v.dim() >= 3 and v.shape[-2] * v.shape[-1] == u.numel() else v
+    flat = _flat(v, u.numel())
     uu = u.to(v.dtype).to(v.device)
     return flat, (flat @ uu)[..., None] * uu
 
@@ -100,6 +124,49 @@ class AxisShift:
         return (flat + step).reshape(v.shape)
 
 
+def _orthonormal_rows(basis, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[k, dim] -> an orthonormal basis of the same span (QR in float64), in ``dtype``; a rank-deficient basis is
+    refused."""
+    b = torch.as_tensor(getattr(basis, "direction", basis), dtype=torch.float64)
+    b = b[None] if b.dim() == 1 else b
+    q, r = torch.linalg.qr(b.T)
+    if (r.diagonal().abs() <= 1e-10 * r.diagonal().abs().max()).any():
+        raise InterventionError(f"The {b.shape[0]} basis vectors span fewer dimensions than there are vectors; "
+                                "pass linearly independent rows.")
+    return q.T.to(dtype).contiguous()
+
+
+@dataclass(frozen=True, eq=False)
+class SubspaceCut:
+    """v - Pv: remove the span of ``basis`` ([k, dim], orthonormalised here) from every vector at the site."""
+
+    basis: torch.Tensor
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "basis", _orthonormal_rows(self.basis))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        q = self.basis.to(v.dtype).to(v.device)  # [k, dim]
+        flat = _flat(v, q.shape[1])
+        return (flat - (flat @ q.T) @ q).reshape(v.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class SubspaceOnly:
+    """Pv: keep only the component in the span of ``basis`` ([k, dim], orthonormalised here)."""
+
+    basis: torch.Tensor
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "basis", _orthonormal_rows(self.basis))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        q = self.basis.to(v.dtype).to(v.device)
+        return ((_flat(v, q.shape[1]) @ q.T) @ q).reshape(v.shape)
+
+
 OPS = ("cut", "only", "shift+", "shift-")
 
 
@@ -114,33 +181,37 @@ def make_op(kind: str, direction, sigma: float):
     raise InterventionError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS)}.")
 
 
-def _check_edit(model, layer: int, idx: int, op, allow_layer_mismatch: bool) -> None:
+def _check_edit(model, idx: int, op, site: str, allow_layer_mismatch: bool) -> None:
     """Refuse an axis fitted at another layer, and a direction of the wrong size, with one sentence each."""
     fitted = getattr(op, "layer", None)
     if fitted is not None and fitted != idx and not allow_layer_mismatch:
         raise InterventionError(f"The axis was fitted at layer {fitted} but would be applied at layer {idx}; apply it "
                                 "where it was fitted, or pass allow_layer_mismatch=True to do this on purpose.")
-    direction = getattr(op, "direction", None)
-    n_kv, d_head = model.cfg.n_key_value_heads or model.cfg.n_heads, model.cfg.d_head
-    if direction is not None and direction.numel() != n_kv * d_head:
-        raise InterventionError(f"The direction has {direction.numel()} numbers but hook_v at layer {idx} has "
-                                f"{n_kv} KV heads x {d_head} = {n_kv * d_head}; fit the axis on this model's values.")
+    vectors = getattr(op, "direction", getattr(op, "basis", None))
+    dim = site_dim(model, site)
+    if vectors is not None and vectors.shape[-1] != dim:
+        cfg = model.cfg
+        shape = {"v": f"{cfg.n_key_value_heads or cfg.n_heads} KV heads x {cfg.d_head} = {dim}",
+                 "z": f"{cfg.n_heads} heads x {cfg.d_head} = {dim}", "resid": f"d_model = {dim}"}[site]
+        raise InterventionError(f"The direction has {vectors.shape[-1]} numbers but {SITES[site].format(layer=idx)} "
+                                f"has {shape}; fit the axis on this model's readings at that site.")
 
 
 @contextmanager
-def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *,
+def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *, site: str = "v",
               allow_layer_mismatch: bool = False) -> Iterator:
-    """Apply ``edits[layer]`` to ``hook_v`` of each layer (negative: from the end) at every position; the hooks are
-    removed on exit, also after an exception. An operator built from an ``EntropyAxis`` remembers the axis' layer,
-    and applying it at another layer is refused unless ``allow_layer_mismatch`` is set."""
+    """Apply ``edits[layer]`` at ``site`` of each layer (negative: from the end) at every position: ``"v"`` (hook_v,
+    the default), ``"z"`` (hook_z) or ``"resid"`` (hook_resid_post). The hooks are removed on exit, also after an
+    exception. An operator built from an ``EntropyAxis`` remembers the axis' layer, and applying it at another layer
+    is refused unless ``allow_layer_mismatch`` is set."""
     n = model.cfg.n_layers
     hooks = []
     for layer, op in edits.items():
         idx = layer + n if layer < 0 else layer
         if not 0 <= idx < n:
             raise InterventionError(f"Layer {layer} is out of range for a model with {n} layers.")
-        _check_edit(model, layer, idx, op, allow_layer_mismatch)
-        hooks.append((HOOK_V.format(layer=idx), lambda v, hook, op=op: op(v)))
+        _check_edit(model, idx, op, site, allow_layer_mismatch)
+        hooks.append((SITES[site].format(layer=idx), lambda v, hook, op=op: op(v)))
     with model.hooks(fwd_hooks=hooks):
         yield model
 
@@ -165,7 +236,8 @@ def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> 
     """([n, dim] unit directions orthogonal to ``u``, [n] their projected variance / u's) over ``values``.
 
     Each draw rotates a random direction g of the top-``top`` principal subspace orthogonal to u (variance >= the
-    target) towards an isotropic h orthogonal to both (variance below it) until the variance matches, by bisection.
+    target) towards an isotropic h orthogonal to both (variance below it; drawn among the weakest directions when an
+    isotropic one is above the target) until the variance matches, by bisection.
     When no direction orthogonal to u carries u's variance (u is the top principal direction), each draw is a
     random direction in the top three principal directions orthogonal to u: as strong as the data allows, still
     distinct draws, and the ratio, below 1, says so.
@@ -189,6 +261,8 @@ def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> 
         if g @ cov @ g < target:
             g = vecs[:, -1]  # the strongest direction orthogonal to u carries at least the target
         h = _orthogonal(_orthogonal(rng.standard_normal(len(u)), u), g)
+        if h @ cov @ h > target:  # an isotropic direction is too strong here: rotate towards the weakest ones
+            h = _orthogonal(_orthogonal(vecs[:, 1:4] @ rng.standard_normal(3), u), g)
         lo, hi = 0.0, np.pi / 2
         for _ in range(60):
             mid = (lo + hi) / 2
@@ -197,6 +271,61 @@ def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> 
         out.append(np.cos(lo) * g + np.sin(lo) * h)
     out = np.stack(out)
     return out, np.einsum("nd,de,ne->n", out, cov, out) / target
+
+
+def _orthonormalise(frame: np.ndarray, against: np.ndarray | None = None) -> np.ndarray:
+    """Rows of ``frame`` [k, dim] made orthonormal (QR), first orthogonal to the orthonormal rows of ``against``."""
+    if against is not None:
+        frame = frame - (frame @ against.T) @ against
+    return np.linalg.qr(frame.T)[0].T
+
+
+def isotropic_subspaces(basis, n: int, *, layer: int, seed: int) -> np.ndarray:
+    """[n, k, dim] Gaussian k-dimensional frames orthogonal to the span of ``basis`` ([k, dim])."""
+    q = _orthonormal_rows(basis, torch.float64).numpy()
+    return np.stack([_orthonormalise(_generator(seed, "isotropic-subspace", layer, i).standard_normal(q.shape),
+                                     q) for i in range(n)])
+
+
+def matched_subspaces(values, basis, n: int, *, layer: int, seed: int, top: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """([n, k, dim] orthonormal frames orthogonal to span(basis), [n] their total projected variance / the true
+    subspace's) over ``values``: the k-dimensional version of ``matched_axes``.
+
+    Each draw rotates a random k-frame G of the top principal subspace orthogonal to the true one towards an
+    isotropic frame H orthogonal to both (cos t G + sin t H stays orthonormal) until the total variance matches, by
+    bisection (H is drawn among the weakest directions instead when an isotropic frame is above the target); when even
+    the strongest orthogonal k-frame carries less than the target, the draw is a random frame in the top k + 2
+    orthogonal principal directions and the ratio, below 1, says so."""
+    x = as_float64(values)
+    x = x - x.mean(axis=0)
+    q = _orthonormal_rows(basis, torch.float64).numpy()
+    k, d = q.shape
+    cov = x.T @ x / (len(x) - 1)
+    target = np.trace(q @ cov @ q.T)
+    proj = np.eye(d) - q.T @ q
+    evals, vecs = np.linalg.eigh(proj @ cov @ proj)
+    feasible = evals[::-1][:k].sum() >= target
+    top_dirs = vecs[:, ::-1][:, :max(top, k) if feasible else k + 2]  # [d, m]
+    variance = lambda f: np.trace(f @ cov @ f.T)  # noqa: E731
+    out = []
+    for i in range(n):
+        rng = _generator(seed, "matched-subspace", layer, i)
+        g = _orthonormalise(rng.standard_normal((k, top_dirs.shape[1])) @ top_dirs.T, q)
+        if not feasible:
+            out.append(g)
+            continue
+        if variance(g) < target:
+            g = vecs[:, ::-1][:, :k].T  # the strongest orthogonal k-frame carries at least the target
+        h = _orthonormalise(rng.standard_normal((k, d)), np.vstack([q, g]))
+        if variance(h) > target:  # an isotropic frame is too strong here: rotate towards the weakest directions
+            h = _orthonormalise(rng.standard_normal((k, k + 2)) @ vecs[:, k:2 * k + 2].T, np.vstack([q, g]))
+        lo, hi = 0.0, np.pi / 2
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if variance(np.cos(mid) * g + np.sin(mid) * h) > target else (lo, mid)
+        out.append(np.cos(lo) * g + np.sin(lo) * h)
+    out = np.stack(out)
+    return out, np.array([variance(f) for f in out]) / target
 
 
 def pc_axes(values, k: int = 4) -> np.ndarray:
@@ -247,15 +376,14 @@ class InterventionResult:
 def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
     """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with
     Bayes entropy and label accuracy for k >= 1."""
-    from .geometry import correlations
+    from .calibration import compare_to_bayes
 
-    k, bayes = np.asarray(task["k"]), np.asarray(task["bayes_entropy"])
-    err = np.abs(entropy - bayes)
-    pos = k >= 1
-    out = dict(mae=float(err.mean()), mae_k_ge_1=float(err[pos].mean()),
-               corr_bayes=correlations(entropy[pos], bayes[pos])["pearson"],
-               accuracy=float((label_logprobs[pos].argmax(-1) == np.asarray(task["latent"])[pos]).mean()))
-    out.update({f"mae_k{kk}": float(err[k == kk].mean()) for kk in sorted(set(k.tolist()))})
+    cmp = compare_to_bayes(entropy, task["bayes_entropy"], groups=task["k"], predicted=label_logprobs.argmax(-1),
+                           latent=task["latent"])
+    pos = cmp["k_ge_1"]
+    out = dict(mae=cmp["all"]["mae"], mae_k_ge_1=pos["mae"], corr_bayes=pos["corr_with_bayes"]["pearson"],
+               accuracy=pos["accuracy"])
+    out.update({f"mae_k{k}": b["mae"] for k, b in cmp["per_group"].items()})
     return out
 
 

@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from .axis import fit_entropy_axis
+from .calibration import compare_to_bayes
 from .config import ConfigError, SweepConfig
 from .extract import Activations, collect
 from .geometry import (attention_focusing, correlations, key_orthogonality, key_orthogonality_null,
@@ -221,22 +222,9 @@ def _sula(ctx: Context, p: dict, condition: str) -> tuple[Activations, dict]:
 
 def sula_behaviour(acts: Activations, cols: dict) -> dict:
     """Model vs Bayes on one SULA prompt set: per k and for k >= 1 (k = 0 is a formatting confound)."""
-    h_model = acts.entropy.double().numpy()
-    h_bayes = np.array(cols["bayes_entropy"])
-    k = np.array(cols["k"])
-    pred = acts.label_logprobs.argmax(-1).numpy()
-    latent = np.array(cols["latent"])
-
-    def block(mask) -> dict:
-        out = dict(n=int(mask.sum()), model_entropy=float(h_model[mask].mean()),
-                   bayes_entropy=float(h_bayes[mask].mean()),
-                   mae=float(np.abs(h_model[mask] - h_bayes[mask]).mean()),
-                   accuracy=float((pred[mask] == latent[mask]).mean()))
-        out["corr_with_bayes"] = correlations(h_model[mask], h_bayes[mask])  # NaN with a reason when constant
-        return out
-
-    return dict(per_k={str(kk): block(k == kk) for kk in sorted(set(k.tolist()))}, k_ge_1=block(k >= 1),
-                overall=block(k >= 0))
+    cmp = compare_to_bayes(acts.entropy, cols["bayes_entropy"], groups=cols["k"],
+                           predicted=acts.label_logprobs.argmax(-1).numpy(), latent=cols["latent"])
+    return dict(per_k={str(k): b for k, b in cmp["per_group"].items()}, k_ge_1=cmp["k_ge_1"], overall=cmp["all"])
 
 
 def icl_probe(ctx: Context, p: dict) -> dict:

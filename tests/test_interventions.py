@@ -157,6 +157,78 @@ def test_axis_applied_at_another_layer_or_of_wrong_size_is_refused(tiny_dirs):
         pass
     with intervene(model, {-1: AxisCut(axis)}):  # -1 is layer 1 of 2
         pass
-    with pytest.raises(InterventionError, match=r"has 7 numbers but hook_v at layer 1 has 2 KV heads x 24 = 48"):
+    with pytest.raises(InterventionError, match=r"has 7 numbers but blocks.1.attn.hook_v has 2 KV heads x 24 = 48"):
         with intervene(model, {1: AxisCut(torch.ones(7))}):
             pass
+
+
+def _layer_module(hf, layer):
+    return (hf.gpt_neox.layers if hf.config.model_type == "gpt_neox" else hf.model.layers)[layer]
+
+
+@pytest.mark.parametrize("fam", ["llama3", "pythia"])
+def test_subspace_edits_equal_weight_edits_at_every_site(tiny_dirs, fam):
+    """v: the value projection pre-multiplied by I - P; z: the output projection post-multiplied by I - P;
+    resid: a plain HF forward hook on the decoder layer's output. k = 1 equals AxisCut exactly."""
+    from interp_bayes.interventions import SubspaceCut, SubspaceOnly, site_dim
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs[fam])
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for site in ("v", "z", "resid"):
+            dim = site_dim(model, site)
+            basis = torch.randn(3, dim, generator=g)
+            q = torch.linalg.qr(basis.double().T)[0].T.float()
+            proj = torch.eye(dim) - q.T @ q
+            with intervene(model, {1: SubspaceCut(basis)}, site=site):
+                edited = model(ids)
+            hf = load_hf(tiny_dirs[fam])
+            if site == "v":
+                value_edit(hf, 1, proj)
+                ref = hf(ids).logits
+            elif site == "z":
+                dense = _layer_module(hf, 1).attention.dense if fam == "pythia" else _layer_module(hf, 1).self_attn.o_proj
+                dense.weight.copy_(dense.weight @ proj)
+                ref = hf(ids).logits
+            else:
+                def cut(module, args, out):
+                    h = out[0] if isinstance(out, tuple) else out
+                    h = h @ proj
+                    return (h, *out[1:]) if isinstance(out, tuple) else h
+                handle = _layer_module(hf, 1).register_forward_hook(cut)
+                ref = hf(ids).logits
+                handle.remove()
+            torch.testing.assert_close(edited, ref, rtol=1e-4, atol=1e-4)
+            v = torch.randn(2, 4, dim, generator=g)
+            torch.testing.assert_close(SubspaceCut(basis)(v) + SubspaceOnly(basis)(v), v, rtol=1e-5, atol=1e-5)
+        u = torch.randn(site_dim(model, "v"), generator=g)
+        v = torch.randn(2, 5, *model.blocks[0].attn.W_V.shape[::2], generator=g)  # [b, p, n_kv, d_head]
+        torch.testing.assert_close(SubspaceCut(u)(v), AxisCut(u)(v), rtol=1e-6, atol=1e-6)
+
+
+def test_subspace_controls_are_orthogonal_reproducible_and_variance_matched():
+    from interp_bayes.interventions import _orthonormal_rows, isotropic_subspaces, matched_subspaces
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((300, 24)) * np.linspace(3, 0.2, 24)  # decreasing variances
+    basis = rng.standard_normal((2, 24))
+    q = _orthonormal_rows(basis, torch.float64).numpy()
+    iso = isotropic_subspaces(basis, 5, layer=3, seed=1)
+    assert iso.shape == (5, 2, 24)
+    for frame in iso:
+        np.testing.assert_allclose(frame @ frame.T, np.eye(2), atol=1e-10)
+        assert np.abs(frame @ q.T).max() < 1e-10
+    np.testing.assert_array_equal(iso, isotropic_subspaces(basis, 5, layer=3, seed=1))
+    assert not np.allclose(iso, isotropic_subspaces(basis, 5, layer=4, seed=1))
+    frames, ratio = matched_subspaces(values, basis, 6, layer=3, seed=1)
+    np.testing.assert_allclose(ratio, 1.0, atol=1e-6)  # the basis is random, so matching is feasible
+    for frame in frames:
+        np.testing.assert_allclose(frame @ frame.T, np.eye(2), atol=1e-10)
+        assert np.abs(frame @ q.T).max() < 1e-10
+    top = np.eye(24)[:2]  # the strongest 2-frame: nothing orthogonal can match it
+    _, ratio = matched_subspaces(values, top, 3, layer=0, seed=1)
+    assert (ratio < 1).all()
+    with pytest.raises(Exception, match="span fewer dimensions"):
+        _orthonormal_rows(np.vstack([basis[0], 2 * basis[0]]))
