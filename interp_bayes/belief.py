@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .calibration import kl_bits
 from .errors import ConfigError
 from .extract import HOOKS
 from .geometry import as_float64
@@ -78,13 +79,6 @@ def simplex_belief(pred: np.ndarray, floor: float = FLOOR) -> np.ndarray:
     """Rows clipped at ``floor`` and renormalised: a probability vector from a linear prediction."""
     clipped = np.maximum(pred, floor)
     return clipped / clipped.sum(axis=-1, keepdims=True)
-
-
-def belief_kl_bits(posterior: np.ndarray, belief: np.ndarray) -> float:
-    """Mean over rows of KL(posterior || belief) in bits; 0 log 0 = 0."""
-    p, mass = posterior, posterior > 0
-    terms = np.where(mass, p * (np.log(np.where(mass, p, 1.0)) - np.log(np.where(mass, belief, 1.0))), 0.0)
-    return float(terms.sum(-1).mean() / np.log(2.0))
 
 
 @dataclass
@@ -212,7 +206,7 @@ def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffle
     out = dict(r2=pooled_r2(y, y_hat), r2_ci=_interval(boot), n=int(len(y)), n_sequences=int(len(ids)),
                dim=int(x.shape[1]), folds=folds,
                shuffled=dict(mean=float(np.mean(null)), range=_interval(np.array(null)), n=n_shuffles))
-    out["kl_bits"] = belief_kl_bits(y, simplex_belief(y_hat, floor)) if simplex else float("nan")
+    out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
     return out
 
 

@@ -15,7 +15,6 @@ counts only where the model beats the best window.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from interp_bayes.calibration import compare_to_bayes, kl_bits
 from interp_bayes.errors import ConfigError
+from interp_bayes.geometry import as_float64
 from interp_bayes.tasks.base import TaskBatch, entropy_bits
 from interp_bayes.tasks.filters import baseline_posteriors, position_entropy
 from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
-
-LN2 = math.log(2.0)
-
 
 def restricted_log_probs(model: nn.Module, batch: TaskBatch, hypothesis_ids: list[int]) -> torch.Tensor:
     """Log-probabilities over the hypothesis tokens at the query positions: [n, Q, H] float32.
@@ -61,53 +59,42 @@ def default_lengths(task: Any) -> list[int]:
     return [task.n_steps] + [k for k in (30, 50) if k > task.n_steps]
 
 
-def kl_bits(posterior: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """KL(posterior || q) in bits over the last axis, [n, Q]; terms where the posterior is 0 count 0 (also where
-    q is 0 there, as for a window filter that has ruled a hypothesis out)."""
-    p = posterior.to(logq.dtype)
-    return torch.where(p > 0, p * (torch.log(p) - logq), torch.zeros_like(p)).sum(-1) / LN2
-
-
-def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
-    """Per-position and averaged metrics from model log-probs and exact posteriors, both [n, Q, H]."""
-    h_model = entropy_bits(logp.exp())  # [n, Q]
-    h_bayes = entropy_bits(posterior.to(logp.dtype))  # [n, Q]
-    kl = kl_bits(posterior, logp)  # [n, Q]
-    per_sample = (h_model - h_bayes).abs().mean(0)  # [Q]
-    mean_curve = (h_model.mean(0) - h_bayes.mean(0)).abs()  # [Q]
+def summarise(h_model: torch.Tensor, posterior: torch.Tensor, logp: torch.Tensor | None = None) -> dict[str, Any]:
+    """The three metrics, averaged and per position, from the model's entropies ``h_model`` [n, Q] (bits) and,
+    for the KL, its log-probabilities ``logp`` [n, Q, H]; by ``calibration.compare_to_bayes`` with the query
+    position as the group. Without ``logp`` the KL is NaN (an entropy predictor has no distribution)."""
+    n, Q, H = posterior.shape
+    h_bayes = entropy_bits(posterior.double())  # [n, Q]
+    cmp = compare_to_bayes(h_model.reshape(-1), h_bayes.reshape(-1), groups=np.tile(np.arange(Q), n),
+                           model_logprobs=None if logp is None else logp.reshape(-1, H),
+                           posterior=None if logp is None else posterior.reshape(-1, H))
+    per = [cmp["per_group"][q] for q in range(Q)]
+    nan = float("nan")
     return {
-        "per_sample_entropy_mae_bits": per_sample.mean().item(),
-        "mean_curve_entropy_mae_bits": mean_curve.mean().item(),
-        "kl_bits": kl.mean().item(),
+        "per_sample_entropy_mae_bits": cmp["all"]["mae"],
+        "mean_curve_entropy_mae_bits": cmp["all"]["mean_curve_mae"],
+        "kl_bits": cmp["all"].get("kl_bits", nan),
         "per_position": {
-            "per_sample_entropy_mae_bits": per_sample.tolist(),
-            "mean_curve_entropy_mae_bits": mean_curve.tolist(),
-            "kl_bits": kl.mean(0).tolist(),
-            "bayes_entropy_bits": h_bayes.mean(0).tolist(),
-            "model_entropy_bits": h_model.mean(0).tolist(),
+            "per_sample_entropy_mae_bits": [b["mae"] for b in per],
+            "mean_curve_entropy_mae_bits": [abs(b["model_entropy"] - b["bayes_entropy"]) for b in per],
+            "kl_bits": [b.get("kl_bits", nan) for b in per],
+            "bayes_entropy_bits": [b["bayes_entropy"] for b in per],
+            "model_entropy_bits": [b["model_entropy"] for b in per],
         },
     }
 
 
-def score_entropy_predictor(h_pred: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
-    """Entropy MAEs of a predictor that gives an entropy per position ([Q] bits) rather than a distribution; its
-    KL is undefined (NaN)."""
-    h_bayes = entropy_bits(posterior.double())  # [n, Q]
-    per_sample = (h_pred - h_bayes).abs().mean(0)
-    mean_curve = (h_pred - h_bayes.mean(0)).abs()
-    return {"per_sample_entropy_mae_bits": per_sample.mean().item(),
-            "mean_curve_entropy_mae_bits": mean_curve.mean().item(), "kl_bits": float("nan"),
-            "per_position": {"per_sample_entropy_mae_bits": per_sample.tolist(),
-                             "mean_curve_entropy_mae_bits": mean_curve.tolist()}}
+def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
+    """Per-position and averaged metrics from model log-probs and exact posteriors, both [n, Q, H]."""
+    return summarise(entropy_bits(logp.exp()), posterior, logp)
 
 
-def paired_margin(baseline_kl: torch.Tensor, model_kl: torch.Tensor, *, n_boot: int = 2000,
-                  seed: int = 0) -> dict[str, Any]:
+def paired_margin(baseline_kl: np.ndarray, model_kl: np.ndarray, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Mean KL margin (baseline minus model, bits) over sequences with a 95% paired-bootstrap interval.
 
     ``baseline_kl``, ``model_kl``: [n, Q] per sequence and position; sequences are the resampled unit (positions of
     one sequence are not independent)."""
-    diff = (baseline_kl - model_kl).double().mean(1).numpy()  # [n] per-sequence margin
+    diff = (as_float64(baseline_kl) - as_float64(model_kl)).mean(1)  # [n] per-sequence margin
     rng = np.random.default_rng(seed)
     boots = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(1)
     low, high = np.quantile(boots, [0.025, 0.975])
@@ -126,10 +113,11 @@ def compare_with_baselines(logp: torch.Tensor, batch: TaskBatch, task: Any, *, w
     beliefs = baseline_posteriors(task, batch, windows)
     out = {name: score(torch.log(q), post) for name, q in beliefs.items()}
     if position_h is not None:
-        out["position-only"] = score_entropy_predictor(position_h, post)
+        out["position-only"] = summarise(position_h.expand(post.shape[:2]), post)
     best = min((name for name in out if name.startswith("window-")), key=lambda name: out[name]["kl_bits"])
-    margin = paired_margin(kl_bits(post, torch.log(beliefs[best])), kl_bits(post, logp.double()), seed=seed)
-    model_kl = kl_bits(post, logp.double()).mean().item()
+    model_kl = kl_bits(post, logp)  # [n, Q]
+    margin = paired_margin(kl_bits(post, torch.log(beliefs[best])), model_kl, seed=seed)
+    model_kl = float(model_kl.mean())
     versus = {"best_window": best, "window_kl_bits": out[best]["kl_bits"], "model_kl_bits": model_kl, **margin,
               "kl_ratio": out[best]["kl_bits"] / model_kl if model_kl > 0 else float("inf"),
               "beats": margin["margin_ci"][0] > 0}
