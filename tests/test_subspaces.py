@@ -1,0 +1,77 @@
+"""Subspace ablations in a wind tunnel: the fitted subspaces, and the costs against an independent recomputation
+with the axis operator."""
+
+import numpy as np
+import pytest
+import torch
+
+from interp_bayes.errors import ConfigError
+from interp_bayes.interventions import AxisCut, intervene
+from interp_bayes.models import load_model
+from interp_bayes.windtunnel.configs import build_transformer, make_config, make_task
+from interp_bayes.windtunnel.evaluate import restricted_log_probs
+from interp_bayes.windtunnel.subspaces import (
+    every_position,
+    fit_subspaces,
+    sequence_losses,
+    subspace_ablation,
+)
+from interp_bayes.windtunnel.train import save_folder
+
+torch.set_num_threads(1)
+
+
+def saved(tmp_path, task_name, preset, **overrides):
+    cfg = make_config(task_name, preset, **overrides)
+    task = make_task(cfg)
+    torch.manual_seed(0)
+    save_folder(build_transformer(cfg, task).eval(), cfg, task, tmp_path, {"step": 0})
+    return tmp_path, task
+
+
+def test_fitted_subspaces_have_the_simplex_dimension(tmp_path):
+    folder, task = saved(tmp_path, "bijection", "tiny", task_kwargs={"n_symbols": 6})
+    model = load_model(folder)
+    batch = task.sample(40, seed=0)
+    x_all, tokens = every_position(model, batch, 0, "v")
+    assert x_all.shape == (40 * batch.input_ids.shape[1], 32) and (tokens == batch.input_ids.reshape(-1).numpy()).all()
+    x_query = x_all.reshape(40, -1, 32)[:, batch.query_pos].reshape(-1, 32)
+    bases = fit_subspaces(x_query, batch.posterior.double().reshape(-1, 6).numpy(), x_all, tokens,
+                          task.hypothesis_ids)
+    assert {name: b.shape for name, b in bases.items()} == {"entropy-axis": (1, 32), "frame-belief": (5, 32),
+                                                           "frame-pcs": (5, 32), "frame-tokens": (5, 32)}
+    for b in bases.values():
+        np.testing.assert_allclose(b @ b.T, np.eye(len(b)), atol=1e-8)
+    # an HMM prompt never holds its state tokens: no token frame
+    hmm_bases = fit_subspaces(x_query, batch.posterior.double().reshape(-1, 6).numpy(), x_all, tokens, [999])
+    assert "frame-tokens" not in hmm_bases
+
+
+def test_costs_match_a_recomputation_with_the_axis_operator(tmp_path):
+    folder, task = saved(tmp_path, "bijection", "tiny", task_kwargs={"n_symbols": 6})
+    res = subspace_ablation(folder, layers=[0], n_fit=30, n_eval=20, n_isotropic=2, n_matched=2, progress=False)
+    true_cut = next(r for r in res.rows if (r["subspace"], r["op"], r["kind"]) == ("entropy-axis", "cut", "true"))
+    # rebuild the evaluation and the axis independently: k = 1 cut is AxisCut of the same direction
+    model = load_model(folder)
+    ev = task.sample(20, seed=[2024, 1])
+    base_err, base_kl = sequence_losses(restricted_log_probs(model, ev, task.hypothesis_ids), ev.posterior)
+    assert res.meta["base"]["kl_bits"] == pytest.approx(float(base_kl.mean()), rel=1e-9)
+    fit = task.sample(30, seed=[2024, 0])
+    x_all, tokens = every_position(model, fit, 0, "v")
+    x_query = x_all.reshape(30, -1, 32)[:, fit.query_pos].reshape(-1, 32)
+    axis = fit_subspaces(x_query, fit.posterior.double().reshape(-1, 6).numpy(), x_all, tokens,
+                         task.hypothesis_ids)["entropy-axis"][0]
+    with torch.no_grad(), intervene(model, {0: AxisCut(torch.from_numpy(axis).float())}):
+        err, kl = sequence_losses(restricted_log_probs(model, ev, task.hypothesis_ids), ev.posterior)
+    assert true_cut["cost_kl_bits"] == pytest.approx(float(kl.mean() - base_kl.mean()), abs=1e-6)
+    assert true_cut["cost_mae_bits"] == pytest.approx(float(err.mean() - base_err.mean()), abs=1e-6)
+    # every (subspace, op, metric) has a summary with both control families
+    assert len(res.summary) == 4 * 2 * 2
+    assert all(s["isotropic_n"] == 2 and s["matched_n"] == 2 for s in res.summary)
+    assert all(s["true_cost_ci"][0] <= s["true_cost"] <= s["true_cost_ci"][1] for s in res.summary)
+
+
+def test_unknown_edit_is_refused(tmp_path):
+    folder, _ = saved(tmp_path, "bijection", "tiny", task_kwargs={"n_symbols": 6})
+    with pytest.raises(ConfigError, match="shift"):
+        subspace_ablation(folder, ops=("shift",), progress=False)
