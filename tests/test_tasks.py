@@ -155,6 +155,17 @@ def test_peaked_emissions_give_each_state_its_own_symbol():
     assert all(len(set(row.tolist())) == 5 for row in symbol)  # one-to-one
 
 
+def test_the_paper_family_on_the_full_token_range_draws_the_same_matrices():
+    a, b = HMMTask(), HMMTask(min_cents=0)
+    x, y = a.sample(5, seed=3), b.sample(5, seed=3)
+    assert b.vocab[5:] == a.vocab and b.vocab[0] == "0.00"
+    (ta, ea), (tb, eb) = a.matrices(x.input_ids), b.matrices(y.input_ids)
+    torch.testing.assert_close(ta, tb)
+    torch.testing.assert_close(ea, eb)
+    torch.testing.assert_close(x.posterior, y.posterior)
+    assert torch.equal(x.input_ids[:, 1:26] + 5, y.input_ids[:, 1:26])  # the same entries, 5 ids further
+
+
 def test_the_default_task_is_unchanged_by_the_variants():
     # the paper's family keeps its 0.05 floor and token ids, so committed checkpoints stay valid
     task = HMMTask()
@@ -165,7 +176,8 @@ def test_the_default_task_is_unchanged_by_the_variants():
 
 @pytest.mark.parametrize("kwargs,match", [(dict(transitions="lazy"), "transitions"),
                                           (dict(emissions="peaked", n_obs=3), "n_obs=3"),
-                                          (dict(transitions="sticky", stay_cents=(90, 101)), "cents range")])
+                                          (dict(transitions="sticky", stay_cents=(90, 101)), "cents range"),
+                                          (dict(transitions="sticky", min_cents=5), "min_cents=5")])
 def test_bad_hmm_variants_are_refused(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         HMMTask(**kwargs).sample(2, seed=0)

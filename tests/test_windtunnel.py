@@ -13,7 +13,16 @@ from interp_bayes.models import load_model
 from interp_bayes.windtunnel.configs import build_mlp, build_transformer, make_config, make_task, n_params
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel, restricted_log_probs
 from interp_bayes.windtunnel.tokenizer import build_tokenizer
-from interp_bayes.windtunnel.train import length_at, make_optimizer, save_folder, train_main, train_windtunnel
+from interp_bayes.errors import ConfigError
+from interp_bayes.windtunnel.configs import curriculum_tasks
+from interp_bayes.windtunnel.train import (
+    length_at,
+    make_optimizer,
+    save_folder,
+    task_at,
+    train_main,
+    train_windtunnel,
+)
 
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -121,6 +130,19 @@ def test_schedule_is_transformers_cosine_with_the_old_numbers_after_warmup():
 def test_length_curriculum():
     cfg = make_config("hmm", "tiny", steps=100, length_schedule=[(0, 3), (50, 6)])
     assert [length_at(s, cfg) for s in (0, 49, 50, 99)] == [3, 3, 6, 6]
+
+
+def test_task_curriculum_moves_between_hmm_families_with_one_vocabulary():
+    fast = {"transitions": "dirichlet", "min_cents": 0}
+    cfg = make_config("hmm", "sticky-tiny", task_curriculum=[(20, fast)])
+    final = make_task(cfg)
+    curriculum = curriculum_tasks(cfg)
+    assert [task_at(s, final, curriculum).transitions for s in (0, 19, 20, 99)] == ["dirichlet"] * 2 + ["sticky"] * 2
+    assert curriculum[0][1].vocab == final.vocab
+    with pytest.raises(ConfigError, match="another vocabulary"):
+        curriculum_tasks(make_config("hmm", "sticky-tiny", task_curriculum=[(20, {})]))  # 0.05.. tokens
+    # the round trip through windtunnel.json keeps the curriculum
+    assert type(cfg).from_dict(json.loads(json.dumps(cfg.to_dict()))).task_curriculum == [(20, fast)]
 
 
 def test_cli_trains_the_mlp_baseline(tmp_path):

@@ -22,7 +22,8 @@ Matrix families (``transitions=`` / ``emissions=``), each row discretised to hun
   spread as above.
 
 The paper's family floors every entry at 0.05, so its probability tokens are 0.05..1.00 (ids unchanged from
-earlier versions); the other families can put 0.00 on an entry, and their tokens run 0.00..1.00.
+earlier versions); the other families can put 0.00 on an entry, and their tokens run 0.00..1.00 (``min_cents=0``
+gives the paper's family that token range too, so that a curriculum can move between families).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class HMMTask:
 
     def __init__(self, n_states: int = 5, n_obs: int = 5, n_steps: int = 20, *, transitions: str = "dirichlet",
                  emissions: str = "dirichlet", stay_cents: tuple[int, int] = (90, 98),
-                 peak_cents: tuple[int, int] = (80, 95)) -> None:
+                 peak_cents: tuple[int, int] = (80, 95), min_cents: int | None = None) -> None:
         if transitions not in TRANSITIONS:
             raise ConfigError(f"Unknown HMM transitions '{transitions}'; choose one of {', '.join(TRANSITIONS)}.")
         if emissions not in EMISSIONS:
@@ -150,7 +151,13 @@ class HMMTask:
         self.n_states, self.n_obs, self.n_steps = n_states, n_obs, n_steps
         self.transitions, self.emissions = transitions, emissions
         self.stay_cents, self.peak_cents = tuple(stay_cents), tuple(peak_cents)
-        self.min_cents = MIN_CENTS if (transitions, emissions) == ("dirichlet", "dirichlet") else 0
+        paper = (transitions, emissions) == ("dirichlet", "dirichlet")
+        if min_cents is None:
+            min_cents = MIN_CENTS if paper else 0
+        if min_cents not in (0, MIN_CENTS) or (min_cents and not paper):
+            raise ConfigError(f"min_cents={min_cents}: the probability tokens start at 0.00 (any family) or 0.05 (the "
+                              "paper's family only, whose entries are floored there).")
+        self.min_cents = min_cents
         self.n_probs = 100 - self.min_cents + 1  # probability tokens min_cents/100 .. 1.00
         self.trans_id, self.emit_id, self.sep_id, self.obs_id = range(self.n_probs, self.n_probs + 4)
         self.symbol_offset = self.n_probs + 4

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config
 
+from interp_bayes.errors import ConfigError
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.hmm import HMMTask
 
@@ -47,6 +48,8 @@ class TrainConfig:
     clip: float = 1.0
     loss: str = "soft"  # "soft": cross-entropy to the exact posterior; "hard": to the realised hypothesis
     length_schedule: list[tuple[int, int]] = field(default_factory=list)  # [(from_step, length)], curriculum
+    # [(until_step, task_kwargs)]: train on these variants of the task first, in order, then on task_kwargs itself
+    task_curriculum: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)  # steps to save; empty: 50 * 2**i below steps
     eval_every: int = 250
     eval_n: int = 512
@@ -63,8 +66,9 @@ class TrainConfig:
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
-        if "length_schedule" in d:
-            d["length_schedule"] = [tuple(x) for x in d["length_schedule"]]
+        for key in ("length_schedule", "task_curriculum"):
+            if key in d:
+                d[key] = [tuple(x) for x in d[key]]
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,8 +132,21 @@ def make_config(task: str, preset: str = "cpu", **overrides: Any) -> TrainConfig
 
 
 def make_task(cfg: TrainConfig) -> BijectionTask | HMMTask:
-    """The task object a config trains on."""
+    """The task object a config trains on (after any curriculum) and is evaluated on."""
     return TASKS[cfg.task](**cfg.task_kwargs)
+
+
+def curriculum_tasks(cfg: TrainConfig) -> list[tuple[int, BijectionTask | HMMTask]]:
+    """[(until_step, task)] of the task curriculum, each checked to share the final task's vocabulary."""
+    final = make_task(cfg)
+    out = []
+    for until, kwargs in sorted(cfg.task_curriculum, key=lambda entry: entry[0]):
+        task = TASKS[cfg.task](**kwargs)
+        if task.vocab != final.vocab:
+            raise ConfigError(f"The curriculum task {kwargs} has another vocabulary than the task {cfg.task_kwargs}; "
+                              "give it the same token range (e.g. min_cents=0 for an HMM).")
+        out.append((until, task))
+    return out
 
 
 def n_positions(cfg: TrainConfig, task: BijectionTask | HMMTask) -> int:

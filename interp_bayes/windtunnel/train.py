@@ -29,6 +29,7 @@ from interp_bayes.windtunnel.configs import (
     PRESETS,
     TrainConfig,
     build_model,
+    curriculum_tasks,
     make_config,
     make_task,
     n_params,
@@ -36,6 +37,11 @@ from interp_bayes.windtunnel.configs import (
 )
 from interp_bayes.windtunnel.evaluate import default_lengths, evaluate_windtunnel, restricted_log_probs, score
 from interp_bayes.windtunnel.tokenizer import save_tokenizer
+
+
+def task_at(step: int, task: Any, curriculum: list[tuple[int, Any]]) -> Any:
+    """Curriculum: the first task whose ``until_step`` lies beyond ``step``, else the final ``task``."""
+    return next((t for until, t in curriculum if step < until), task)
 
 
 def length_at(step: int, cfg: TrainConfig) -> int | None:
@@ -113,7 +119,7 @@ def train_windtunnel(
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     data_rng = np.random.default_rng([cfg.seed, 1])
-    the_task = make_task(cfg)
+    the_task, curriculum = make_task(cfg), curriculum_tasks(cfg)
     model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.train()
     count = n_params(model)
@@ -123,18 +129,19 @@ def train_windtunnel(
     eval_batch = the_task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
     ckpts = set(cfg.checkpoint_steps())
     hyp = the_task.hypothesis_ids
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()  # CPU time: wall time is inflated on shared cores
     log = (out / "metrics.jsonl").open("w")
     bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
     for step in bar:
         if step in ckpts:
             save_folder(model, cfg, the_task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
-        batch = the_task.sample(cfg.batch_size, seed=data_rng, length=length_at(step, cfg))
+        batch = task_at(step, the_task, curriculum).sample(cfg.batch_size, seed=data_rng, length=length_at(step, cfg))
         loss, grad_norm = train_step(model, opt, sched, batch, cfg, hyp)
         last = step == cfg.steps - 1
         if step % cfg.log_every == 0 or last:
             rec = {"step": step, "loss": loss, "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
-                   "length": batch.input_ids.shape[1], "elapsed_s": round(time.perf_counter() - start, 2)}
+                   "length": batch.input_ids.shape[1], "elapsed_s": round(time.perf_counter() - start, 2),
+                   "cpu_s": round(time.process_time() - cpu_start, 2)}
             if step % cfg.eval_every == 0 or last:
                 with torch.no_grad():
                     model.eval()
@@ -145,13 +152,13 @@ def train_windtunnel(
             log.write(json.dumps(rec) + "\n")
             log.flush()
     log.close()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     model.eval()
     npos = n_positions(cfg, the_task)
     final = evaluate_windtunnel(model, the_task, n=2000, lengths=[k for k in default_lengths(the_task)
                                                                     if the_task.seq_len(k) <= npos])
     summary = {length: {k: v for k, v in m.items() if k != "per_position"} for length, m in final.items()}
-    save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "preset": preset,
+    save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1), "preset": preset,
                                             "eval": final, "torch_threads": torch.get_num_threads()})
     if not quiet:
         print(f"done in {wall:.0f} s; eval (bits): {json.dumps(summary)}")
