@@ -53,6 +53,7 @@ class TrainConfig:
     checkpoints: list[int] = field(default_factory=list)  # steps to save; empty: 50 * 2**i below steps
     eval_every: int = 250
     eval_n: int = 512
+    final_eval_n: int = 2000  # held-out sequences per length of the final evaluation (windtunnel.json)
     log_every: int = 25
     seed: int = 0
 

@@ -155,13 +155,15 @@ def train_windtunnel(
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     model.eval()
     npos = n_positions(cfg, the_task)
-    final = evaluate_windtunnel(model, the_task, n=2000, lengths=[k for k in default_lengths(the_task)
-                                                                    if the_task.seq_len(k) <= npos])
-    summary = {length: {k: v for k, v in m.items() if k != "per_position"} for length, m in final.items()}
-    save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1), "preset": preset,
-                                            "eval": final, "torch_threads": torch.get_num_threads()})
+    final = evaluate_windtunnel(model, the_task, n=cfg.final_eval_n,
+                                lengths=[k for k in default_lengths(the_task) if the_task.seq_len(k) <= npos])
+    save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1),
+                                            "train_cpu_s": round(cpu, 1), "preset": preset, "eval": final,
+                                            "torch_threads": torch.get_num_threads()})
     if not quiet:
-        print(f"done in {wall:.0f} s; eval (bits): {json.dumps(summary)}")
+        keys = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
+        summary = {length: {k: m[k] for k in keys} | {"best_window": m["vs_best_window"]} for length, m in final.items()}
+        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval (bits): {json.dumps(summary)}")
     return out
 
 
