@@ -20,6 +20,7 @@ only the shortcut, that part would not be readable (R² near 0).
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,8 +227,6 @@ class BeliefProbeResult:
 
 def untrained_like(folder: str | Path, tmp: str | Path, *, seed: int = 0):
     """A bridge of ``folder``'s architecture with a fresh initialisation (``seed``), saved under ``tmp``."""
-    import json
-
     from .models import load_model
     from .windtunnel.configs import TrainConfig, build_transformer, make_task
     from .windtunnel.train import save_folder
@@ -248,8 +247,6 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
     Rows: model ``trained`` against targets ``exact``, ``window-m`` and ``exact-minus-window-m`` (R² only); model
     ``untrained`` (same architecture, fresh weights) against ``exact``. Every row carries the shuffled null.
     """
-    import json
-
     from .models import load_model
     from .tasks.filters import window_posterior
     from .windtunnel.configs import TrainConfig, make_task

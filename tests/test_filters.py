@@ -18,7 +18,7 @@ from interp_bayes.tasks.filters import (
     position_entropy,
     window_posterior,
 )
-from interp_bayes.tasks.hmm import HMMTask, hmm_filter, mixing_times
+from interp_bayes.tasks.hmm import HMMTask, mixing_times
 from interp_bayes.calibration import kl_bits
 from interp_bayes.windtunnel.evaluate import compare_with_baselines, paired_margin
 
@@ -69,7 +69,8 @@ def test_hmm_marginals_are_powers_of_the_transition_matrix():
     T = torch.tensor([[[0.9, 0.1], [0.3, 0.7]]], dtype=torch.float64)
     got = hmm_marginals(T, 4)
     for t in range(4):
-        torch.testing.assert_close(got[0, t], torch.tensor([0.5, 0.5], dtype=torch.float64) @ torch.linalg.matrix_power(T[0], t))
+        want = torch.tensor([0.5, 0.5], dtype=torch.float64) @ torch.linalg.matrix_power(T[0], t)
+        torch.testing.assert_close(got[0, t], want)
 
 
 def bijection_enumeration(V: int, keys: list[int], values: list[int], q: int, m: int, replacement: bool) -> np.ndarray:

@@ -89,7 +89,8 @@ def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
     return summarise(entropy_bits(logp.exp()), posterior, logp)
 
 
-def paired_margin(baseline_kl: np.ndarray, model_kl: np.ndarray, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def paired_margin(baseline_kl: np.ndarray, model_kl: np.ndarray, *, n_boot: int = 2000,
+                  seed: int = 0) -> dict[str, Any]:
     """Mean KL margin (baseline minus model, bits) over sequences with a 95% paired-bootstrap interval.
 
     ``baseline_kl``, ``model_kl``: [n, Q] per sequence and position; sequences are the resampled unit (positions of

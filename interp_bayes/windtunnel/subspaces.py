@@ -165,7 +165,8 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
                         bar.update(1)
                 summary += summarise_costs(rows, layer, name, op, true_losses, (base_err, base_kl), seed=seed)
     bar.close()
-    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, site=site, layers=layers, ops=list(ops),
+    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, site=site, layers=layers,
+                ops=list(ops),
                 n_fit=n_fit, n_eval=n_eval, n_isotropic=n_isotropic, n_matched=n_matched, seed=seed,
                 base=dict(mae_bits=float(base_err.mean()), kl_bits=float(base_kl.mean())))
     return SubspaceAblationResult(rows, summary, meta)

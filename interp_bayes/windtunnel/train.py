@@ -1,5 +1,6 @@
-"""Training loop for wind-tunnel models: fresh batches every step, AdamW with transformers' warm-up + cosine schedule, clipping,
-checkpoints on a dense-early schedule (each a loadable HF folder), a tqdm bar and a JSONL metrics log.
+"""Training loop for wind-tunnel models: fresh batches every step (optionally a curriculum over lengths or task
+variants), AdamW with transformers' warm-up + cosine schedule, clipping, checkpoints on a dense-early schedule (each
+a loadable HF folder), a tqdm bar and a JSONL metrics log (wall and CPU time).
 
 Output folder::
 
@@ -162,7 +163,8 @@ def train_windtunnel(
                                             "torch_threads": torch.get_num_threads()})
     if not quiet:
         keys = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
-        summary = {length: {k: m[k] for k in keys} | {"best_window": m["vs_best_window"]} for length, m in final.items()}
+        summary = {length: {k: m[k] for k in keys} | {"best_window": m["vs_best_window"]}
+                   for length, m in final.items()}
         print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval (bits): {json.dumps(summary)}")
     return out
 
@@ -170,7 +172,8 @@ def train_windtunnel(
 def add_train_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``interp-bayes train TASK --preset P --out DIR``."""
     parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
-    parser.add_argument("--preset", default="cpu", help="paper | cpu | tiny; for hmm also sticky-paper | sticky-cpu | sticky-tiny")
+    parser.add_argument("--preset", default="cpu",
+                        help="paper | cpu | tiny; for hmm also sticky-paper | sticky-cpu | sticky-tiny")
     parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
