@@ -10,7 +10,7 @@ ARGS   ?=
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser test test-slow sweep bench clean
+.PHONY: setup browser test test-slow sweep bench train-paper clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,22 @@ bench: $(STAMP)
 	$(PY) bench/extract.py $(ARGS)
 	$(PY) bench/windtunnel.py
 	$(PY) bench/dynamics.py
+
+# Paper-size wind tunnels on one GPU (hours; never run on the 2-core machine): the bijection, the paper's HMM and the
+# sticky HMM, each with its capacity-matched MLP. Folders under $(WT_OUT)/; each holds windtunnel.json with its
+# evaluation against the window filters. DEVICE=cpu runs the same on a CPU (days).
+WT_OUT ?= runs/windtunnels
+DEVICE ?= cuda
+TRAIN  := $(VENV)/bin/interp-bayes train
+train-paper: $(STAMP)
+	$(TRAIN) bijection --preset paper --device $(DEVICE) --out $(WT_OUT)/bijection-paper $(ARGS)
+	$(TRAIN) bijection --preset paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/bijection-paper-mlp $(ARGS)
+	$(TRAIN) hmm --preset paper --device $(DEVICE) --out $(WT_OUT)/hmm-paper $(ARGS)
+	$(TRAIN) hmm --preset paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/hmm-paper-mlp $(ARGS)
+	$(TRAIN) hmm --preset sticky-paper --device $(DEVICE) --out $(WT_OUT)/hmm-sticky-paper $(ARGS)
+	$(TRAIN) hmm --preset sticky-paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/hmm-sticky-paper-mlp $(ARGS)
+	$(PY) examples/windtunnel_analyses.py --out $(WT_OUT)/analyses --checkpoints $(WT_OUT)/bijection-paper \
+	  $(WT_OUT)/hmm-paper $(WT_OUT)/hmm-sticky-paper
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -120,7 +120,8 @@ def test_discretized_rows_are_valid_hundredths(raw):
     assert np.abs(cents - 100 * p).max() <= 5
 
 
-VARIANTS = [dict(transitions="sticky"), dict(emissions="peaked"), dict(transitions="sticky", emissions="peaked")]
+VARIANTS = [dict(transitions="sticky"), dict(transitions="sticky", spread="dirichlet"), dict(emissions="peaked"),
+            dict(transitions="sticky", emissions="peaked", peak_cents=(50, 70), symbol_map="identity")]
 
 
 @pytest.mark.parametrize("kwargs", VARIANTS)
@@ -145,6 +146,16 @@ def test_sticky_rows_keep_their_state_with_the_drawn_probability():
     stay = torch.diagonal(cents, dim1=1, dim2=2)  # [n, S]
     assert stay.min() == 90 and stay.max() == 98  # every value of the range is reached in 2,500 rows
     assert (cents.sum(-1) == 100).all() and (cents >= 0).all()
+
+
+def test_even_spread_is_as_equal_as_whole_cents_allow():
+    task = HMMTask(transitions="sticky", emissions="peaked", peak_cents=(50, 70), symbol_map="identity")
+    T, E = task.matrices(task.sample(300, seed=6).input_ids)
+    for m in (T, E):
+        cents = torch.round(m * 100).long()
+        off = cents.masked_select(~torch.eye(5, dtype=torch.bool).expand(300, 5, 5)).reshape(300, 5, 4)
+        assert (off.amax(-1) - off.amin(-1) <= 1).all()  # the rest differs by at most one cent between states
+    assert (E.argmax(-1) == torch.arange(5)).all()  # identity map: state s favours symbol s
 
 
 def test_peaked_emissions_give_each_state_its_own_symbol():
@@ -177,7 +188,9 @@ def test_the_default_task_is_unchanged_by_the_variants():
 @pytest.mark.parametrize("kwargs,match", [(dict(transitions="lazy"), "transitions"),
                                           (dict(emissions="peaked", n_obs=3), "n_obs=3"),
                                           (dict(transitions="sticky", stay_cents=(90, 101)), "cents range"),
-                                          (dict(transitions="sticky", min_cents=5), "min_cents=5")])
+                                          (dict(transitions="sticky", min_cents=5), "min_cents=5"),
+                                          (dict(transitions="sticky", spread="gaussian"), "spread"),
+                                          (dict(emissions="peaked", symbol_map="cyclic"), "symbol map")])
 def test_bad_hmm_variants_are_refused(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         HMMTask(**kwargs).sample(2, seed=0)
@@ -187,6 +200,8 @@ def test_bad_hmm_variants_are_refused(kwargs, match):
 @given(st.lists(st.integers(0, 100), min_size=1, max_size=6), st.integers(1, 6), st.integers(0, 2**31))
 def test_split_cents_sums_exactly(totals, parts, seed):
     total = np.array(totals)
-    out = split_cents(np.random.default_rng(seed), total, parts)
-    assert out.shape == (len(totals), parts) and (out >= 0).all()
-    np.testing.assert_array_equal(out.sum(-1), total)
+    for spread in ("dirichlet", "even"):
+        out = split_cents(np.random.default_rng(seed), total, parts, spread)
+        assert out.shape == (len(totals), parts) and (out >= 0).all()
+        np.testing.assert_array_equal(out.sum(-1), total)
+    assert (out.max(-1) - out.min(-1) <= 1).all()  # even

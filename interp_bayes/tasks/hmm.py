@@ -15,11 +15,13 @@ Matrix families (``transitions=`` / ``emissions=``), each row discretised to hun
   greedy repair (``discretize_and_renormalize``). Such chains mix in about 3 steps, so the last few observations
   carry nearly all the evidence.
 - ``"sticky"`` (transitions): each state keeps itself with probability ``stay`` cents drawn uniformly per row
-  from ``stay_cents`` (default 0.90..0.98); the rest is spread over the other states by a Dirichlet(1) draw
-  rounded to whole cents (largest remainders). Slow mixing: evidence from far back still matters.
-- ``"peaked"`` (emissions, near-deterministic): each state emits its own symbol (a fresh random one-to-one map
-  per sequence, needs n_obs >= n_states) with probability drawn from ``peak_cents`` (default 0.80..0.95), the rest
-  spread as above.
+  from ``stay_cents`` (default 0.90..0.98); the rest is spread over the other states (``spread``: ``"even"``, as
+  equal as whole cents allow, or ``"dirichlet"``, a Dirichlet(1) draw; both rounded to whole cents by largest
+  remainders). Slow mixing: evidence from far back still matters.
+- ``"peaked"`` (emissions, near-deterministic at the default ``peak_cents`` 0.80..0.95): each state emits its own
+  symbol with probability drawn from ``peak_cents``, the rest spread as above; the state-to-symbol map is a fresh
+  random one-to-one map per sequence (``symbol_map="random"``, needs n_obs >= n_states) or state s -> symbol s
+  (``"identity"``).
 
 The paper's family floors every entry at 0.05, so its probability tokens are 0.05..1.00 (ids unchanged from
 earlier versions); the other families can put 0.00 on an entry, and their tokens run 0.00..1.00 (``min_cents=0``
@@ -37,6 +39,8 @@ from interp_bayes.tasks.base import TaskBatch, as_rng
 MIN_CENTS = 5  # the 0.05 floor of the paper's Dirichlet rows, in hundredths
 TRANSITIONS = ("dirichlet", "sticky")
 EMISSIONS = ("dirichlet", "peaked")
+SPREADS = ("even", "dirichlet")
+SYMBOL_MAPS = ("random", "identity")
 
 
 def discretize_rows(p: np.ndarray) -> np.ndarray:
@@ -63,12 +67,17 @@ def random_stochastic_cents(rng: np.random.Generator, shape: tuple[int, ...], n_
     return discretize_rows(raw / raw.sum(-1, keepdims=True))
 
 
-def split_cents(rng: np.random.Generator, total: np.ndarray, n_parts: int) -> np.ndarray:
-    """Split ``total`` cents (int array [...]) into ``n_parts`` whole-cent parts in Dirichlet(1) proportions.
+def split_cents(rng: np.random.Generator, total: np.ndarray, n_parts: int, spread: str = "dirichlet") -> np.ndarray:
+    """Split ``total`` cents (int array [...]) into ``n_parts`` whole-cent parts: in Dirichlet(1) proportions, or
+    ``spread="even"``: as equal as whole cents allow (the leftover cents on randomly chosen parts).
 
     Largest-remainder rounding, so the parts sum to ``total`` exactly; parts may be 0. Returns [..., n_parts].
     """
-    share = rng.dirichlet(np.ones(n_parts), size=total.shape) * total[..., None]  # [..., n_parts] fractional cents
+    if spread not in SPREADS:
+        raise ConfigError(f"Unknown spread '{spread}'; choose one of {', '.join(SPREADS)}.")
+    weights = rng.dirichlet(np.ones(n_parts), size=total.shape) if spread == "dirichlet" else \
+        np.full((*total.shape, n_parts), 1.0 / n_parts) + 1e-9 * rng.random((*total.shape, n_parts))  # ties broken
+    share = weights / weights.sum(-1, keepdims=True) * total[..., None]  # [..., n_parts] fractional cents
     parts = np.floor(share).astype(np.int64)
     short = total - parts.sum(-1)  # [...] cents still to place, < n_parts
     rank = np.argsort(np.argsort(parts - share, axis=-1, kind="stable"), axis=-1, kind="stable")  # 0 = largest rest
@@ -76,14 +85,14 @@ def split_cents(rng: np.random.Generator, total: np.ndarray, n_parts: int) -> np
 
 
 def dominant_cents(rng: np.random.Generator, n: int, n_rows: int, n_cols: int, cents_range: tuple[int, int],
-                   columns: np.ndarray) -> np.ndarray:
+                   columns: np.ndarray, spread: str = "even") -> np.ndarray:
     """[n, n_rows, n_cols] int cents: row r puts a uniform draw from ``cents_range`` (inclusive) on column
-    ``columns[:, r]`` and spreads the rest over the other columns (``split_cents``)."""
+    ``columns[:, r]`` and spreads the rest over the other columns (``split_cents`` with ``spread``)."""
     lo, hi = cents_range
     if not 0 <= lo <= hi <= 100:
         raise ConfigError(f"A cents range must satisfy 0 <= low <= high <= 100; got {cents_range}.")
     top = rng.integers(lo, hi + 1, size=(n, n_rows))  # [n, rows]
-    rest = split_cents(rng, 100 - top, n_cols - 1)  # [n, rows, cols - 1]
+    rest = split_cents(rng, 100 - top, n_cols - 1, spread)  # [n, rows, cols - 1]
     out = np.empty((n, n_rows, n_cols), dtype=np.int64)
     others = np.ones((n, n_rows, n_cols), dtype=bool)
     np.put_along_axis(others, columns[..., None], False, axis=-1)
@@ -140,17 +149,23 @@ class HMMTask:
 
     def __init__(self, n_states: int = 5, n_obs: int = 5, n_steps: int = 20, *, transitions: str = "dirichlet",
                  emissions: str = "dirichlet", stay_cents: tuple[int, int] = (90, 98),
-                 peak_cents: tuple[int, int] = (80, 95), min_cents: int | None = None) -> None:
+                 peak_cents: tuple[int, int] = (80, 95), spread: str = "even", symbol_map: str = "random",
+                 min_cents: int | None = None) -> None:
         if transitions not in TRANSITIONS:
             raise ConfigError(f"Unknown HMM transitions '{transitions}'; choose one of {', '.join(TRANSITIONS)}.")
         if emissions not in EMISSIONS:
             raise ConfigError(f"Unknown HMM emissions '{emissions}'; choose one of {', '.join(EMISSIONS)}.")
+        if spread not in SPREADS:
+            raise ConfigError(f"Unknown spread '{spread}'; choose one of {', '.join(SPREADS)}.")
+        if symbol_map not in SYMBOL_MAPS:
+            raise ConfigError(f"Unknown symbol map '{symbol_map}'; choose one of {', '.join(SYMBOL_MAPS)}.")
         if emissions == "peaked" and n_obs < n_states:
             raise ConfigError(f"Peaked emissions give each state its own symbol: n_obs={n_obs} must be at least "
                               f"n_states={n_states}.")
         self.n_states, self.n_obs, self.n_steps = n_states, n_obs, n_steps
         self.transitions, self.emissions = transitions, emissions
         self.stay_cents, self.peak_cents = tuple(stay_cents), tuple(peak_cents)
+        self.spread, self.symbol_map = spread, symbol_map
         paper = (transitions, emissions) == ("dirichlet", "dirichlet")
         if min_cents is None:
             min_cents = MIN_CENTS if paper else 0
@@ -185,12 +200,15 @@ class HMMTask:
         """(T, E) as int cents, [n, S, S] and [n, S, O], from this task's matrix families."""
         S, O = self.n_states, self.n_obs
         if self.transitions == "sticky":
-            t_cents = dominant_cents(rng, n, S, S, self.stay_cents, np.tile(np.arange(S), (n, 1)))
+            t_cents = dominant_cents(rng, n, S, S, self.stay_cents, np.tile(np.arange(S), (n, 1)), self.spread)
         else:
             t_cents = random_stochastic_cents(rng, (n, S), S)
         if self.emissions == "peaked":
-            own_symbol = np.argsort(rng.random((n, O)), axis=1)[:, :S]  # [n, S] distinct symbols
-            e_cents = dominant_cents(rng, n, S, O, self.peak_cents, own_symbol)
+            if self.symbol_map == "identity":
+                own_symbol = np.tile(np.arange(S), (n, 1))  # state s favours symbol s
+            else:
+                own_symbol = np.argsort(rng.random((n, O)), axis=1)[:, :S]  # [n, S] distinct symbols
+            e_cents = dominant_cents(rng, n, S, O, self.peak_cents, own_symbol, self.spread)
         else:
             e_cents = random_stochastic_cents(rng, (n, S), O)
         return t_cents, e_cents
