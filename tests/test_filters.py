@@ -135,7 +135,7 @@ def test_baselines_and_the_best_window_comparison():
     task = HMMTask(n_steps=10, transitions="sticky")
     b = task.sample(300, seed=9)
     beliefs = baseline_posteriors(task, b)
-    assert list(beliefs) == ["uniform", "prior", "window-1", "window-2", "window-3", "window-4"]
+    assert list(beliefs) == ["uniform", "prior", "mean-matrices", "window-1", "window-2", "window-3", "window-4"]
     for q in beliefs.values():
         torch.testing.assert_close(q.sum(-1), torch.ones(300, 10, dtype=torch.float64))
     # the exact posterior itself, as a "model", beats every window; the uniform guess beats none
@@ -159,3 +159,17 @@ def test_negative_window_is_refused():
     with pytest.raises(ConfigError, match="m >= 0"):
         window_posterior(task, task.sample(2, seed=0), -1)
 
+
+
+def test_mean_matrix_filter_uses_the_family_average_and_every_observation():
+    task = HMMTask(n_steps=12, transitions="sticky", emissions="peaked", peak_cents=(50, 70), symbol_map="identity")
+    b = task.sample(400, seed=4)
+    got = baseline_posteriors(task, b)["mean-matrices"]
+    # the family's mean matrices: stay and peak at the middle of their ranges, the rest spread evenly
+    T = torch.full((5, 5), 0.06 / 4, dtype=torch.float64).fill_diagonal_(0.94)
+    E = torch.full((5, 5), 0.40 / 4, dtype=torch.float64).fill_diagonal_(0.60)
+    want = hmm_window_posterior(T.expand(400, 5, 5), E.expand(400, 5, 5), task.observations(b.input_ids), 12)
+    torch.testing.assert_close(got, want, atol=5e-3, rtol=0)  # a Monte Carlo estimate from 20,000 draws
+    post = b.posterior.double()
+    kl = {name: kl_bits(post, torch.log(q)).mean() for name, q in baseline_posteriors(task, b).items()}
+    assert kl["mean-matrices"] < kl["window-4"] < kl["uniform"]  # this family is predictable: memory is what counts

@@ -12,6 +12,10 @@ Exact and closed-form, no training. Each returns a belief over the task's hypoth
   replacement). When m reaches back to the first observation the window filter is the exact filter.
 - ``prior`` (m = 0): the belief before any observation: the HMM marginal p(s_t) = init T^(t-1); for the bijection
   the uniform guess.
+- ``mean-matrices`` (HMM): the forward filter over every observation, but with the family's mean T and E instead
+  of the prompt's own: full memory without reading the header's numbers. Where a family's matrices are
+  predictable (the sticky chain with peaked, identity-mapped emissions) it is far better than the windows, so a
+  model that beats only the windows has shown memory, and one that also beats this filter reads the header.
 
 ``position_entropy`` gives the position-only predictor of the entropy: the mean exact entropy at each position,
 the best a predictor of H that sees nothing but the position can do (for the bijection without replacement the
@@ -20,6 +24,7 @@ exact entropy is a function of the position, so this predictor's entropy MAE is 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from interp_bayes.errors import ConfigError
@@ -58,6 +63,16 @@ def hmm_window_posterior(trans: torch.Tensor, emit: torch.Tensor, obs: torch.Ten
     return out
 
 
+def hmm_mean_matrix_posterior(task: HMMTask, batch: TaskBatch, *, n: int = 20000, seed: int = 0) -> torch.Tensor:
+    """The exact filter of every prompt's observations under the family's mean matrices (estimated from ``n`` draws
+    of the task's matrix sampler with ``seed``): [n_seq, K, S] float64."""
+    t_cents, e_cents = task.sample_matrices(n, np.random.default_rng(seed))
+    obs = task.observations(batch.input_ids)
+    trans = torch.from_numpy(t_cents.mean(0) / 100.0).expand(len(obs), -1, -1)
+    emit = torch.from_numpy(e_cents.mean(0) / 100.0).expand(len(obs), -1, -1)
+    return hmm_filter(trans, emit, obs)
+
+
 def bijection_window_posterior(task: BijectionTask, input_ids: torch.Tensor, m: int) -> torch.Tensor:
     """Belief about each query key's value from the last m pairs only: [n, Q, V] float64 (see module docstring)."""
     V = task.n_symbols
@@ -92,11 +107,12 @@ def window_posterior(task, batch: TaskBatch, m: int) -> torch.Tensor:
 
 
 def baseline_posteriors(task, batch: TaskBatch, windows: tuple[int, ...] = (1, 2, 3, 4)) -> dict[str, torch.Tensor]:
-    """name -> [n, Q, H] float64 for the uniform guess, the prior (HMM only: for the bijection it is the uniform
-    guess) and each window filter ``window-m``."""
+    """name -> [n, Q, H] float64 for the uniform guess, the prior and the mean-matrix filter (HMM only: for the
+    bijection the prior is the uniform guess) and each window filter ``window-m``."""
     out = {"uniform": uniform_posterior(task, batch)}
     if isinstance(task, HMMTask):
         out["prior"] = window_posterior(task, batch, 0)
+        out["mean-matrices"] = hmm_mean_matrix_posterior(task, batch)
     out |= {f"window-{m}": window_posterior(task, batch, m) for m in windows}
     return out
 
