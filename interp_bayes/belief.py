@@ -224,6 +224,26 @@ class BeliefProbeResult:
 
         return pd.DataFrame(self.rows)
 
+    def figure(self, reading: str = "resid"):
+        """Plotly: R² per layer of one reading for each (model, target), with its bootstrap interval, and the
+        shuffled null's 95% range as a grey band (the trained model's exact-target null)."""
+        import plotly.graph_objects as go
+
+        df = self.table()
+        df = df[df.reading == reading]
+        fig = go.Figure()
+        null = df[(df.model == "trained") & (df.target == "exact")].sort_values("layer")
+        fig.add_trace(go.Scatter(x=list(null.layer) + list(null.layer[::-1]),
+                                 y=list(null.null_high) + list(null.null_low[::-1]), fill="toself",
+                                 line=dict(width=0), fillcolor="rgba(128,128,128,0.3)", name="shuffled null"))
+        for (model, target), g in df.groupby(["model", "target"], sort=False):
+            g = g.sort_values("layer")
+            fig.add_trace(go.Scatter(x=g.layer, y=g.r2, mode="lines+markers", name=f"{model}: {target}",
+                                     error_y=dict(type="data", symmetric=False, array=g.r2_high - g.r2,
+                                                  arrayminus=g.r2 - g.r2_low)))
+        return fig.update_layout(template="plotly_white", xaxis_title="layer", yaxis_title="cross-fitted R²",
+                                 title=f"Belief probes ({self.meta['task']}, {reading}): exact posterior vs controls")
+
 
 def untrained_like(folder: str | Path, tmp: str | Path, *, seed: int = 0):
     """A bridge of ``folder``'s architecture with a fresh initialisation (``seed``), saved under ``tmp``."""

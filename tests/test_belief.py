@@ -147,4 +147,7 @@ def test_windtunnel_probes_give_every_control(tiny_hmm):
     assert table[table.target == "exact-minus-window-4"].kl_bits.isna().all()
     assert (table.r2_low <= table.r2).all() and (table.r2 <= table.r2_high).all()
     assert res.meta["task_kwargs"] == json.loads((folder / "windtunnel.json").read_text())["config"]["task_kwargs"]
+    fig = res.figure("resid")
+    assert [t.name for t in fig.data] == ["shuffled null", "trained: exact", "trained: window-4",
+                                          "trained: exact-minus-window-4", "untrained: exact"]
     assert ALPHAS.min() > 0
