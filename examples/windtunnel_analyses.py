@@ -44,6 +44,10 @@ def table(folder: Path) -> dict:
         res["mlp_meta"] = {k: json.loads((mlp / "windtunnel.json").read_text()).get(k)
                            for k in ("preset", "step", "train_wall_s", "train_cpu_s", "n_params")}
     res["meta"] = {k: meta.get(k) for k in ("preset", "step", "train_wall_s", "train_cpu_s", "n_params")}
+    for who, m in (("transformer", res["meta"]), ("MLP", res.get("mlp_meta"))):
+        if m:
+            print(f"{folder.name} {who}: preset {m['preset']}, {m['n_params']:,} parameters, {m['step']} steps, "
+                  f"{m['train_wall_s']} s wall, {m.get('train_cpu_s') or 'unrecorded'} s CPU")
     for length, ev in res["transformer"].items():
         print(f"\n{folder.name}, {length} observations (n = {ev['n']} sequences)\n")
         print("| predictor | per-sample MAE | mean-curve MAE | KL |\n|---|---|---|---|")

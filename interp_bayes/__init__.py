@@ -9,6 +9,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "axis": ["EntropyAxis", "fit_entropy_axis"],
+    "belief": ["belief_probe", "query_readings", "windtunnel_belief_probes"],
     "config": ["SweepConfig"],
     "errors": ["InterpBayesError", "ModelLoadError", "ModelNotFoundError", "NonFiniteActivationError",
                "PromptError"],
