@@ -264,8 +264,8 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
                              seed: int = 2024, untrained: bool = True) -> BeliefProbeResult:
     """Belief probes of a trained wind-tunnel folder on ``n_sequences`` fresh sequences, with the three controls.
 
-    Rows: model ``trained`` against targets ``exact``, ``window-m`` and ``exact-minus-window-m`` (R² only); model
-    ``untrained`` (same architecture, fresh weights) against ``exact``. Every row carries the shuffled null.
+    Rows: models ``trained`` and ``untrained`` (same architecture, fresh weights) against targets ``exact``,
+    ``window-m`` and ``exact-minus-window-m`` (R² only). Every row carries the shuffled null.
     """
     from .models import load_model
     from .tasks.filters import window_posterior
@@ -299,7 +299,7 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
     probe_all(load_model(folder), "trained", targets)
     if untrained:
         with tempfile.TemporaryDirectory() as tmp:
-            probe_all(untrained_like(folder, tmp, seed=cfg.seed), "untrained", {"exact": targets["exact"]})
+            probe_all(untrained_like(folder, tmp, seed=cfg.seed), "untrained", targets)
     meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, n_sequences=n_sequences,
                 length=length or (task.n_pairs if task.name == "bijection" else task.n_steps), window=window,
                 folds=folds, n_shuffles=n_shuffles, n_boot=n_boot, seed=seed, floor=FLOOR)

@@ -141,13 +141,13 @@ def test_windtunnel_probes_give_every_control(tiny_hmm):
     folder, _ = tiny_hmm
     res = windtunnel_belief_probes(folder, n_sequences=40, readings=("resid",), n_shuffles=3, n_boot=50)
     table = res.table()
-    assert set(zip(table.model, table.target)) == {("trained", "exact"), ("trained", "window-4"),
-                                                   ("trained", "exact-minus-window-4"), ("untrained", "exact")}
-    assert len(table) == 4 * 1  # one layer in the tiny model
+    assert set(zip(table.model, table.target)) == {(m, t) for m in ("trained", "untrained")
+                                                   for t in ("exact", "window-4", "exact-minus-window-4")}
+    assert len(table) == 6 * 1  # one layer in the tiny model
     assert table[table.target == "exact-minus-window-4"].kl_bits.isna().all()
     assert (table.r2_low <= table.r2).all() and (table.r2 <= table.r2_high).all()
     assert res.meta["task_kwargs"] == json.loads((folder / "windtunnel.json").read_text())["config"]["task_kwargs"]
     fig = res.figure("resid")
-    assert [t.name for t in fig.data] == ["shuffled null", "trained: exact", "trained: window-4",
-                                          "trained: exact-minus-window-4", "untrained: exact"]
+    assert [t.name for t in fig.data] == ["shuffled null"] + [f"{m}: {t}" for m in ("trained", "untrained")
+                                                             for t in ("exact", "window-4", "exact-minus-window-4")]
     assert ALPHAS.min() > 0

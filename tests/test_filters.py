@@ -143,6 +143,10 @@ def test_baselines_and_the_best_window_comparison():
     assert exact["best_window"] == "window-4" and exact["beats"] and exact["margin_ci"][0] > 0
     flat = compare_with_baselines(torch.log(beliefs["uniform"]), b, task)["vs_best_window"]
     assert not flat["beats"] and flat["margin_ci"][1] < 0
+    # a baseline compared with itself has margin 0; every baseline carries its margin over the model
+    own = compare_with_baselines(torch.log(beliefs["mean-matrices"]), b, task)["baselines"]
+    assert own["mean-matrices"]["kl_margin"]["margin_bits"] == pytest.approx(0.0, abs=1e-12)
+    assert all("kl_margin" in m for name, m in own.items() if name != "position-only")
 
 
 def test_paired_margin_interval_covers_the_mean_and_shrinks_with_n():

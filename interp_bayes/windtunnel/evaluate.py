@@ -107,18 +107,20 @@ def compare_with_baselines(logp: torch.Tensor, batch: TaskBatch, task: Any, *, w
                            position_h: torch.Tensor | None = None, seed: int = 0) -> dict[str, Any]:
     """Score every shortcut baseline on ``batch`` and compare the model (``logp`` [n, Q, H]) with the best window.
 
-    Returns ``baselines`` (name -> metrics, as ``score``), and ``vs_best_window``: the window filter with the lowest
-    KL, its KL and the model's, the margin with its paired-bootstrap interval, and ``beats`` (the interval's low end
-    above 0)."""
+    Returns ``baselines`` (name -> metrics, as ``score``, each with ``kl_margin``: its KL minus the model's, with
+    the paired-bootstrap interval), and ``vs_best_window``: the window filter with the lowest KL, its KL and the
+    model's, the margin with its interval, and ``beats`` (the interval's low end above 0)."""
     post = batch.posterior.double()
     beliefs = baseline_posteriors(task, batch, windows)
-    out = {name: score(torch.log(q), post) for name, q in beliefs.items()}
+    model_kl = kl_bits(post, logp)  # [n, Q]
+    out = {}
+    for name, q in beliefs.items():
+        out[name] = score(torch.log(q), post)
+        out[name]["kl_margin"] = paired_margin(kl_bits(post, torch.log(q)), model_kl, seed=seed)
     if position_h is not None:
         out["position-only"] = summarise(position_h.expand(post.shape[:2]), post)
     best = min((name for name in out if name.startswith("window-")), key=lambda name: out[name]["kl_bits"])
-    model_kl = kl_bits(post, logp)  # [n, Q]
-    margin = paired_margin(kl_bits(post, torch.log(beliefs[best])), model_kl, seed=seed)
-    model_kl = float(model_kl.mean())
+    margin, model_kl = out[best]["kl_margin"], float(model_kl.mean())
     versus = {"best_window": best, "window_kl_bits": out[best]["kl_bits"], "model_kl_bits": model_kl, **margin,
               "kl_ratio": out[best]["kl_bits"] / model_kl if model_kl > 0 else float("inf"),
               "beats": margin["margin_ci"][0] > 0}
