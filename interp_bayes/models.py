@@ -287,6 +287,29 @@ def _preflight(name: str, n_params: int, dtype: torch.dtype, device: str) -> Non
         )
 
 
+def _load_kwargs(local: bool, revision: str | None, trust_remote_code: bool) -> dict:
+    kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local or None)
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _tokenizer(source: str, kw: dict):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, **kw)
+    except (OSError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"'{source}' has no loadable tokenizer ({err}); save one beside the weights with "
+                             "tokenizer.save_pretrained(folder).") from err
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False):
+    """The checkpoint's own tokenizer (its own BOS policy) without loading weights; offline Hub ids fail fast with
+    the fix, as ``load_model`` does."""
+    source, local = resolve(name_or_path)
+    load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
+    return _tokenizer(source, _load_kwargs(local, revision, trust_remote_code))
+
+
 def load_model(
     name_or_path: str | os.PathLike = DEFAULT_MODEL,
     *,
@@ -301,7 +324,7 @@ def load_model(
     ``model_info(bridge)``. Hooks use TransformerLens names: ``blocks.{L}.attn.hook_v`` is
     ``[batch, pos, n_kv_heads, d_head]``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
 
     name = os.fspath(name_or_path)
@@ -312,19 +335,14 @@ def load_model(
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or default_dtype(n_params))
     device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     _preflight(name, n_params, dtype, device)
-    kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local or None)
-    kw = {k: v for k, v in kw.items() if v is not None}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kw)
-    except (OSError, ValueError, TypeError) as err:
-        raise ModelLoadError(f"'{source}' has no loadable tokenizer ({err}); save one beside the weights with "
-                             "tokenizer.save_pretrained(folder).") from err
+    kw = _load_kwargs(local, revision, trust_remote_code)
+    tokenizer = _tokenizer(source, kw)
     hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **kw)
     bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
     bridge.eval()
     # TransformerLens rebuilds the tokenizer with add_bos_token=True; text is tokenised with a fresh copy of the
     # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
-    bridge._ib_tokenizer = AutoTokenizer.from_pretrained(source, **kw)
+    bridge._ib_tokenizer = _tokenizer(source, kw)
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
                                 n_params=n_params, revision=revision)
     return bridge

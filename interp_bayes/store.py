@@ -1,4 +1,14 @@
-"""Run folders: atomic writes, JSON/YAML files and the environment a result was computed in."""
+"""Run folders: atomic writes, content-addressed keys, JSON files and the environment a result was computed in.
+
+Layout of a run folder ``<out>/<model slug>/<run key>/``:
+
+- ``config.yaml``, ``env.json``, ``model.json``: what ran, where, on what;
+- ``run.json``: the probes of the latest sweep in order (the report's order);
+- ``acts/<label>-<key>/``: activation sets, keyed by a hash of everything that determines them;
+- ``probes/<name>/``: one folder per probe: ``stage.json`` (its key, kind, resolved parameters, time),
+  ``rows.json`` (its tidy results), ``data.json`` (per-prompt arrays its figures draw) and any files it saves;
+- ``results.csv``, ``report.html``: views rebuilt after every finished probe.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +26,23 @@ TRACKED_PACKAGES = ("interp_bayes", "torch", "transformer-lens", "transformers",
                     "scikit-learn", "plotly", "numpy", "safetensors", "tokenizers", "gguf")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write to a temporary file beside ``path`` and rename it into place, so no reader sees half a file."""
+    """Write to a temporary file beside ``path`` and rename it into place, so no reader sees half a file. The file
+    gets the permissions a plain ``open(path, "w")`` would (0666 less the umask), not mkstemp's private 0600, so
+    group members on a shared store can read each other's results."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -41,6 +60,14 @@ def write_json(path: str | Path, obj) -> Path:
 
 def read_json(path: str | Path):
     return json.loads(Path(path).read_text())
+
+
+def content_key(*parts) -> str:
+    """A short hash of JSON-serialisable parts: the identity of a cached stage (same parts, same key)."""
+    import hashlib
+
+    text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _git_commit() -> str | None:

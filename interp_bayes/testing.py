@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConfigError
+
 TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral", "gpt2")
 _TEXTS = [
     "the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
@@ -40,7 +42,7 @@ def tiny_config(family: str):
                           n_head=c["num_attention_heads"], n_inner=c["intermediate_size"],
                           n_positions=c["max_position_embeddings"], bos_token_id=0, eos_token_id=0, pad_token_id=1,
                           tie_word_embeddings=False, activation_function="gelu")
-    raise ValueError(f"Unknown tiny family '{family}'; choose one of {', '.join(TINY_FAMILIES)}.")
+    raise ConfigError(f"Unknown tiny family '{family}'; choose one of {', '.join(TINY_FAMILIES)}.")
 
 
 def expected_parameters(config) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from interp_bayes.errors import ConfigError, PromptError
 from interp_bayes.tasks.base import as_rng
 
 # nonsense words first (the authors' eight, then more that are single tokens in smaller vocabularies, e.g.
@@ -68,7 +69,7 @@ def single_token_words(tokenizer, candidates=LABEL_CANDIDATES, n: int = 4) -> li
             if len(found) >= n:
                 break
     if len(found) < n:
-        raise ValueError(f"Found only {len(found)} single-token label words in this tokenizer; pass labels= explicitly.")
+        raise PromptError(f"Found only {len(found)} single-token label words in this tokenizer; pass labels= explicitly.")
     return found[:n]
 
 
@@ -93,7 +94,7 @@ class SULATask:
         pair = self.remap_labels if condition == "remap" else self.labels
         ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"] for w in pair]
         if any(len(i) != 1 for i in ids):
-            raise ValueError(f"Labels {pair} are not single tokens in this tokenizer; use SULATask.for_tokenizer().")
+            raise PromptError(f"Labels {pair} are not single tokens in this tokenizer; use SULATask.for_tokenizer().")
         return [i[0] for i in ids]
 
     def generate(self, condition: str = "main", seed: int = 42) -> dict[str, list]:
@@ -103,7 +104,7 @@ class SULATask:
         conditions are paired prompt by prompt.
         """
         if condition not in CONDITIONS:
-            raise ValueError(f"Unknown SULA condition '{condition}'; choose from {', '.join(CONDITIONS)}.")
+            raise ConfigError(f"Unknown SULA condition '{condition}'; choose from {', '.join(CONDITIONS)}.")
         rng = as_rng(seed)
         pair = self.remap_labels if condition == "remap" else self.labels
         cols: dict[str, list] = {c: [] for c in ("text", "k", "n1", "n2", "latent", "p_label1", "bayes_entropy",

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config
 
+from interp_bayes.errors import ConfigError
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.hmm import HMMTask
 
@@ -59,7 +60,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; known: {sorted(known)}.")
+            raise ConfigError(f"Unknown TrainConfig fields {sorted(unknown)}; known: {sorted(known)}.")
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
@@ -113,9 +114,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 def make_config(task: str, preset: str = "cpu", **overrides: Any) -> TrainConfig:
     """The preset's TrainConfig for ``task`` with keyword overrides (e.g. ``steps=200``, ``arch="mlp"``)."""
     if task not in PRESETS:
-        raise ValueError(f"unknown task {task!r}; known tasks: {sorted(PRESETS)}.")
+        raise ConfigError(f"Unknown task {task!r}; known tasks: {', '.join(sorted(PRESETS))}.")
     if preset not in PRESETS[task]:
-        raise ValueError(f"unknown preset {preset!r} for {task}; known presets: {sorted(PRESETS[task])}.")
+        raise ConfigError(f"Unknown preset {preset!r} for {task}; known presets: {', '.join(sorted(PRESETS[task]))}.")
     return TrainConfig.from_dict({"task": task, **PRESETS[task][preset], **overrides})
 
 
