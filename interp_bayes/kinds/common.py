@@ -29,12 +29,14 @@ def sula_task(ctx, per_k: int):
     from ..tasks.icl import SULATask
 
     path = ctx.folder / "sula_task.json"
-    if not path.exists():
+    saved = read_json(path) if path.exists() else {}
+    if "fixed_carriers" not in saved:  # (run folders from before the fixed_k condition lack it)
         words = SULATask.for_tokenizer(ctx.tokenizer)
-        write_json(path, dict(labels=words.labels, remap_labels=words.remap_labels,
-                              ids={c: words.label_token_ids(ctx.tokenizer, c) for c in ("main", "remap")}))
-    saved = read_json(path)
-    task = SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=per_k)
+        saved = dict(labels=words.labels, remap_labels=words.remap_labels, fixed_carriers=words.fixed_carriers,
+                     ids={c: words.label_token_ids(ctx.tokenizer, c) for c in ("main", "remap")})
+        write_json(path, saved)
+    task = SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=per_k,
+                    fixed_carriers=tuple(saved["fixed_carriers"]))
     return task, saved["ids"]
 
 
@@ -121,10 +123,6 @@ def share_text(rows: list[Row], which: str, **scope) -> tuple[str, str]:
 def last_layer(rows: list[Row], metric: str = "pc1_share") -> int | None:
     layers = [r.scope["layer"] for r in rows if r.metric == metric and "layer" in r.scope]
     return max(layers) if layers else None
-
-
-def layer_path(folder: Path, name: str) -> Path:
-    return Path(folder) / name
 
 
 def finite(x) -> bool:

@@ -13,7 +13,15 @@ Conditions (Paper III §5.2, with the evidence ablation done right):
 - ``remap``: another label pair, same posteriors (lexical control);
 - ``shuffled``: each example's label an independent fair coin, so the labels carry no evidence: H_Bayes = 1 bit;
 - ``label_masked``: the labels, which carry all the evidence, replaced by a mask word: H_Bayes = 1 bit;
-- ``carrier_masked``: the paper's ablation, masking the carrier words, which carry no evidence: posterior unchanged.
+- ``carrier_masked``: the paper's ablation, masking the carrier words, which carry no evidence: posterior unchanged;
+- ``fixed_k``: k = 8 examples in every prompt, with label splits 8:0, 7:1, 6:2, 5:3 and 4:4 (either label in the
+  majority), carriers drawn from words that are one token each for the model: the Bayes entropy then varies while
+  k and the prompt's length in tokens stay fixed, so an entropy axis cannot be a k or length axis here.
+
+Two targets (docs/analyses.md): ``bayes_entropy`` is the entropy of the latent posterior p(y | D), today's target;
+``predictive_entropy`` is the entropy of the predictive distribution of the query's label, p(label = L1 | D) =
+alpha P(y = L1 | D) + (1 - alpha) P(y = L2 | D), the quantity Paper I's Theorem 1 says a loss-minimising model's
+prediction equals.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ NEGATIVE = ("sad", "angry", "gloomy", "cruel", "harsh", "cowardly", "tense", "bi
             "anxious", "dark")
 CARRIERS = POSITIVE + NEGATIVE  # 70 distinct words
 MASK = "[MASK]"
-CONDITIONS = ("main", "remap", "shuffled", "label_masked", "carrier_masked")
+CONDITIONS = ("main", "remap", "shuffled", "label_masked", "carrier_masked", "fixed_k")
+FIXED_K = 8
+FIXED_K_SPLITS = (8, 7, 6, 5, 4)  # examples carrying the majority label out of FIXED_K
 
 
 def posterior_label1(n1: np.ndarray | int, n2: np.ndarray | int, alpha: float = 0.9) -> np.ndarray:
@@ -82,12 +92,19 @@ class SULATask:
     alpha: float = 0.9
     ks: tuple[int, ...] = (0, 1, 2, 4, 8)
     per_k: int = 50
+    fixed_carriers: tuple[str, ...] = CARRIERS  # carriers of the fixed_k condition (single tokens for the model)
 
     @classmethod
     def for_tokenizer(cls, tokenizer, **kw) -> "SULATask":
-        """Pick two label pairs that are single tokens in ``tokenizer``."""
+        """Pick two label pairs that are single tokens in ``tokenizer``, and the carriers that are single tokens at
+        the start of a prompt and after a space, so the fixed_k prompts all have the same length in tokens."""
         words = single_token_words(tokenizer)
-        return cls(labels=(words[0], words[1]), remap_labels=(words[2], words[3]), **kw)
+        carriers = tuple(w for w in CARRIERS if all(len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1
+                                                    for text in (w, " " + w)))  # first word, and after a space
+        if len(carriers) < FIXED_K + 1:
+            raise PromptError(f"Only {len(carriers)} carrier words are single tokens in this tokenizer, fewer than the "
+                              f"{FIXED_K + 1} a fixed_k prompt needs.")
+        return cls(labels=(words[0], words[1]), remap_labels=(words[2], words[3]), fixed_carriers=carriers, **kw)
 
     def label_token_ids(self, tokenizer, condition: str = "main") -> list[int]:
         """Token ids of the two labels (with their leading space) the model's entropy is renormalised over."""
@@ -98,17 +115,18 @@ class SULATask:
         return [i[0] for i in ids]
 
     def generate(self, condition: str = "main", seed: int = 42) -> dict[str, list]:
-        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, condition) of one prompt set.
+        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, predictive_entropy, condition) of one prompt set.
 
         The draws (latent, carriers, example labels) depend only on ``seed``, not on the condition, so the
-        conditions are paired prompt by prompt.
+        conditions (fixed_k aside) are paired prompt by prompt.
         """
         if condition not in CONDITIONS:
             raise ConfigError(f"Unknown SULA condition '{condition}'; choose from {', '.join(CONDITIONS)}.")
         rng = as_rng(seed)
+        if condition == "fixed_k":
+            return self._fixed_k(rng)
         pair = self.remap_labels if condition == "remap" else self.labels
-        cols: dict[str, list] = {c: [] for c in ("text", "k", "n1", "n2", "latent", "p_label1", "bayes_entropy",
-                                                 "condition")}
+        cols = self._columns()
         for k in self.ks:
             for _ in range(self.per_k):
                 latent = int(rng.integers(2))
@@ -125,10 +143,34 @@ class SULATask:
                 carriers = [MASK if condition == "carrier_masked" else CARRIERS[w] for w in words[:k]]
                 examples = ", ".join(f"{c}: {lab}" for c, lab in zip(carriers, shown))
                 query = CARRIERS[words[k]]
-                cols["text"].append(f"{examples}. {query}:" if k else f"{query}:")
-                for key, val in (("k", k), ("n1", n1), ("n2", k - n1), ("latent", latent), ("p_label1", p1),
-                                 ("bayes_entropy", float(binary_entropy_bits(p1))), ("condition", condition)):
-                    cols[key].append(val)
+                self._add(cols, f"{examples}. {query}:" if k else f"{query}:", k, n1, latent, p1, condition)
+        return cols
+
+    @staticmethod
+    def _columns() -> dict[str, list]:
+        return {c: [] for c in ("text", "k", "n1", "n2", "latent", "p_label1", "bayes_entropy", "predictive_entropy",
+                                "condition")}
+
+    def _add(self, cols: dict, text: str, k: int, n1: int, latent: int, p1: float, condition: str) -> None:
+        predictive = self.alpha * p1 + (1 - self.alpha) * (1 - p1)  # p(query label = L1 | D)
+        for key, val in (("text", text), ("k", k), ("n1", n1), ("n2", k - n1), ("latent", latent), ("p_label1", p1),
+                         ("bayes_entropy", float(binary_entropy_bits(p1))),
+                         ("predictive_entropy", float(binary_entropy_bits(predictive))), ("condition", condition)):
+            cols[key].append(val)
+
+    def _fixed_k(self, rng: np.random.Generator) -> dict[str, list]:
+        """per_k prompts per split (8:0 ... 4:4), the majority label at random, the labels in random order, and the
+        latent drawn from its exact posterior given the labels."""
+        cols = self._columns()
+        for majority in FIXED_K_SPLITS:
+            for _ in range(self.per_k):
+                n1 = majority if rng.random() < 0.5 else FIXED_K - majority
+                idx = rng.permutation(np.r_[np.zeros(n1, int), np.ones(FIXED_K - n1, int)])
+                p1 = float(posterior_label1(n1, FIXED_K - n1, self.alpha))
+                latent = int(rng.random() >= p1)  # 0 (label 1) with probability p1
+                words = rng.choice(len(self.fixed_carriers), size=FIXED_K + 1, replace=False)
+                examples = ", ".join(f"{self.fixed_carriers[w]}: {self.labels[i]}" for w, i in zip(words, idx))
+                self._add(cols, f"{examples}. {self.fixed_carriers[words[-1]]}:", FIXED_K, n1, latent, p1, "fixed_k")
         return cols
 
     def dataset(self, condition: str = "main", seed: int = 42):

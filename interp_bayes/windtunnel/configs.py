@@ -93,6 +93,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                     checkpoints=[50, 100, 200, 300, 400, 600, 800, 1000, 1500, 2000, 3000]),
         "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
                      eval_every=100, eval_n=128, log_every=10, checkpoints=[100]),
+        # keys drawn with replacement: the exact entropy then varies at a fixed position (0 at a repeated key,
+        # log2 of the unseen values otherwise), so entropy and position can be told apart
+        "cpu_replacement": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=4000, batch_size=128, lr=3e-3,
+                                warmup=200, weight_decay=0.01, loss="soft", task_kwargs=dict(replacement=True),
+                                checkpoints=[]),
     },
     "hmm": {
         # Paper I HMM size per methods.md §1.5 (9 layers, 8 heads, d 256, d_ff 1024; the code's count, ~7.2M,
