@@ -251,6 +251,14 @@ def test_bridge_on_continuous_inputs_equals_the_training_module_and_hooks_fire(t
             bridge(torch.zeros(5, 3, dtype=torch.long))
 
 
+@pytest.mark.parametrize("preset", ["paper", "cpu", "tiny"])
+def test_kalman_mlp_is_capacity_matched(preset):
+    cfg = make_config("kalman", preset)
+    task = make_task(cfg)
+    n_tr, n_mlp = n_params(build_transformer(cfg, task)), n_params(build_mlp(cfg, task))
+    assert abs(n_mlp - n_tr) <= 0.02 * n_tr
+
+
 def test_mlp_sees_only_its_own_position(tmp_path):
     mlp, cfg, task = tiny_kalman(tmp_path, arch="mlp")
     b = task.sample(2, seed=0)
@@ -259,8 +267,6 @@ def test_mlp_sees_only_its_own_position(tmp_path):
     with torch.no_grad():
         diff = (head_outputs(mlp, b.features) - head_outputs(mlp, edited)).abs().amax(-1)
     assert (diff[:, 0] > 0).all() and diff[:, 1:].max() == 0
-    n_tr = n_params(build_transformer(cfg, task))
-    assert abs(n_params(mlp) - n_tr) <= 0.02 * n_tr
 
 
 def test_readings_at_each_step_equal_the_prefix_runs_final_position(tmp_path):

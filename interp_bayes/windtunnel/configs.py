@@ -116,7 +116,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                     warmup=200, weight_decay=0.01, loss="soft", checkpoints=[250, 500, 1000, 2000, 4000],
                     task_kwargs=dict(state_dim=1, obs_dim=1)),
         "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
-                     eval_every=100, eval_n=128, log_every=10, checkpoints=[100], task_kwargs=dict(n_steps=8)),
+                     eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
+                     task_kwargs=dict(state_dim=1, obs_dim=1, n_steps=8)),
     },
 }
 
