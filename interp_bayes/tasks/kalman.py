@@ -134,7 +134,7 @@ def update(system: LinearGaussianSystems, mean: torch.Tensor, cov: torch.Tensor,
     S = C @ cov @ C.transpose(-1, -2) + R  # [n, m, m]
     gain = torch.linalg.solve(S, C @ cov).transpose(-1, -2)  # [n, d, m] = P C^T S^-1 (S, P symmetric)
     mean = mean + (gain @ (y - (C @ mean[..., None])[..., 0])[..., None])[..., 0]
-    eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
     I_KC = eye - gain @ C
     cov = I_KC @ cov @ I_KC.transpose(-1, -2) + gain @ R @ gain.transpose(-1, -2)
     return mean, _symmetric(cov)

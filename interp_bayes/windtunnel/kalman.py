@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from interp_bayes.errors import ConfigError
 from interp_bayes.geometry import CI_LEVEL, as_float64
 from interp_bayes.tasks.kalman import (
+    LN2,
     KalmanBatch,
     KalmanTask,
     gaussian_entropy_bits,
@@ -123,7 +124,7 @@ def kalman_loss(mean: torch.Tensor, chol: torch.Tensor, batch: KalmanBatch, kind
     d = mean.shape[-1]
     if kind == "soft":
         exact_chol = torch.linalg.cholesky(batch.cov).to(device, dtype)
-        entropy = gaussian_entropy_bits(batch.cov).to(device, dtype) * np.log(2.0)
+        entropy = gaussian_entropy_bits(batch.cov).to(device, dtype) * LN2
         return (gaussian_kl_nats(batch.mean.to(device, dtype), exact_chol, mean, chol) + entropy).mean()
     if kind == "hard":
         z = torch.linalg.solve_triangular(chol, (batch.states.to(device, dtype) - mean)[..., None], upper=False)
@@ -315,7 +316,7 @@ def kalman_readings(
     ``sequence``, ``k`` (step, 1-based), ``bayes_entropy`` (bits), ``bayes_logdet`` (ln det P_t), ``bayes_mean``
     [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``belief_probe`` and calibration.
     """
-    from interp_bayes.extract import HOOKS, LN2, Activations, _normalise_layers
+    from interp_bayes.extract import HOOKS, Activations, _normalise_layers
     from interp_bayes.models import model_info
 
     unknown = set(readings) - set(HOOKS)
