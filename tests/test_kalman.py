@@ -14,6 +14,7 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM
 
+from interp_bayes.errors import ConfigError
 from interp_bayes.models import load_model
 from interp_bayes.tasks.kalman import (
     KalmanTask,
@@ -246,6 +247,8 @@ def test_bridge_on_continuous_inputs_equals_the_training_module_and_hooks_fire(t
     torch.testing.assert_close(cache["hook_embed"], emb, atol=1e-6, rtol=0)
     assert cache["blocks.0.attn.hook_v"].shape == (5, T, cfg.n_heads, cfg.d_model // cfg.n_heads)
     torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"].sum(-1), torch.ones(5, cfg.n_heads, T))
+    with pytest.raises(ConfigError, match="pass the task it was trained on"):
+        predict_gaussian(bridge, KalmanTask(state_dim=2, obs_dim=1), batch)
     with pytest.raises(ValueError, match="hook_embed has shape"):
         with continuous_inputs(bridge, batch.features):
             bridge(torch.zeros(5, 3, dtype=torch.long))

@@ -111,6 +111,11 @@ def gaussian_head(raw: torch.Tensor, state_dim: int) -> tuple[torch.Tensor, torc
 def predict_gaussian(model: nn.Module, task: KalmanTask, batch: KalmanBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's Gaussian belief at every observation: mean [n, K, d], Cholesky factor [n, K, d, d] (model dtype,
     model device)."""
+    rows = input_embedding(model).shape[0]
+    if rows != len(task.vocab) + 1:
+        raise ConfigError(f"The model has {rows} token rows but KalmanTask(state_dim={task.state_dim}, obs_dim="
+                          f"{task.obs_dim}) needs {len(task.vocab) + 1}; pass the task it was trained on (the "
+                          "task_kwargs in its windtunnel.json).")
     logits = head_outputs(model, batch.features)
     raw = logits[:, batch.query_pos.to(logits.device)][..., task.readout_ids]
     return gaussian_head(raw, task.state_dim)
