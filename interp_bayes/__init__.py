@@ -28,7 +28,9 @@ _EXPORTS = {
     "tasks.bijection": ["BijectionTask"],
     "tasks.hmm": ["HMMTask"],
     "tasks.icl": ["SULATask"],
+    "tasks.kalman": ["KalmanTask"],
     "windtunnel.evaluate": ["evaluate_windtunnel"],
+    "windtunnel.kalman": ["belief_probe", "continuous_inputs", "evaluate_kalman", "kalman_readings"],
     "windtunnel.train": ["train_windtunnel"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

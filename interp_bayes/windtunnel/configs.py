@@ -21,8 +21,9 @@ from transformers import AutoModelForCausalLM, GPT2Config
 from interp_bayes.errors import ConfigError
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.hmm import HMMTask
+from interp_bayes.tasks.kalman import KalmanTask
 
-TASKS = {"bijection": BijectionTask, "hmm": HMMTask}
+TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask}
 MLP_MODEL_TYPE = "windtunnel_mlp"
 
 
@@ -113,6 +114,17 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                      lr=3e-3, warmup=30, eval_every=100, eval_n=64, log_every=10, checkpoints=[100],
                      task_kwargs=dict(n_steps=8)),
     },
+    "kalman": {  # continuous inputs and a Gaussian head (windtunnel/kalman.py); soft = expected Gaussian NLL
+        "paper": dict(n_layers=6, n_heads=6, d_model=192, d_ff=768, steps=50_000, batch_size=256, lr=3e-4,
+                      warmup=2000, weight_decay=0.01, loss="soft", eval_every=1000, log_every=100,
+                      checkpoints=[100, 200, 500, 1000, 2000, 5000, 10_000, 20_000]),
+        "cpu": dict(n_layers=3, n_heads=4, d_model=64, d_ff=256, steps=6000, batch_size=64, lr=3e-3,
+                    warmup=200, weight_decay=0.01, loss="soft", checkpoints=[250, 500, 1000, 2000, 4000],
+                    task_kwargs=dict(state_dim=1, obs_dim=1)),
+        "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
+                     eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
+                     task_kwargs=dict(state_dim=1, obs_dim=1, n_steps=8)),
+    },
 }
 
 
@@ -169,9 +181,10 @@ class MLPBaseline(nn.Module):
             if p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` [batch, pos] -> logits [batch, pos, vocab]."""
-        h = self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1], device=input_ids.device))
+    def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids`` [batch, pos] (or their embeddings [batch, pos, d], as HF's) -> logits [batch, pos, vocab]."""
+        tok = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
+        h = tok + self.wpe(torch.arange(tok.shape[1], device=tok.device))
         for block in self.blocks:
             h = h + block(h)
         return self.ln_f(h) @ self.wte.weight.T
