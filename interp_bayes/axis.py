@@ -100,8 +100,9 @@ class EntropyAxis:
 
 
 def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds: int, seed: int,
-                             control: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(each row projected on an axis fitted on the other folds, the target it is compared with).
+                             control: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each row projected on an axis fitted on the other folds, the target it is compared with, and the row's
+    unresidualised values projected on that same axis: the held-out readout a deconfounded analysis starts from).
 
     Projections are centred on the training fold's mean: each fold's axis has its own offset mean . u, and pooling
     uncentred projections across folds mixes those offsets into the correlation (a constant added to every value
@@ -114,14 +115,16 @@ def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds
 
     if folds > len(x):
         raise AxisError(f"folds={folds} exceeds the {len(x)} fit prompts; use fewer folds.")
-    out, target = np.empty(len(x)), y.copy()
+    out, target, raw = np.empty(len(x)), y.copy(), np.empty(len(x))
     for train, part in KFold(n_splits=folds, shuffle=True, random_state=seed).split(x):
         x_train, x_part, y_train = x[train], x[part], y[train]
         if control is not None:
             x_train, x_part = residualize(x_train, x_part, control[train], control[part])
             y_train, target[part] = residualize(y_train, y[part], control[train], control[part])
-        out[part] = (x_part - x_train.mean(axis=0)) @ _fit_direction(x_train, y_train, method)
-    return out, target
+        u = _fit_direction(x_train, y_train, method)
+        out[part] = (x_part - x_train.mean(axis=0)) @ u
+        raw[part] = (x[part] - x[train].mean(axis=0)) @ u
+    return out, target, raw
 
 
 def _control_matrix(control, n: int) -> tuple[np.ndarray | None, list[str]]:
@@ -165,8 +168,8 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     proj = x @ u
     held_out = None
     if folds and folds >= 2:
-        out, target = cross_fitted_projections(x, y, method, folds=folds, seed=seed, control=cov)
-        held_out = dict(correlations(out, target), folds=folds)
+        out, target, raw = cross_fitted_projections(x, y, method, folds=folds, seed=seed, control=cov)
+        held_out = dict(correlations(out, target), folds=folds, projections=raw.tolist())
     layer_idx = acts.layer_index(layer)
     provenance = dict(model=acts.meta.get("model"), layer=layer_idx, prompt_digest=acts.meta.get("prompt_digest"),
                       n_fit=int(len(idx)), fit_indices=idx.tolist(), target="model entropy" if entropy is None

@@ -103,13 +103,17 @@ def _centre_within(x: np.ndarray, strata: np.ndarray) -> np.ndarray:
     return x - (sums / counts)[inv]
 
 
-def _corr_columns(x: np.ndarray, ys: np.ndarray) -> np.ndarray:
-    """Pearson r of x [n] with every column of ys [n, m]."""
+def _corr_columns(x: np.ndarray, ys: np.ndarray, scale_x: float, scale_y: float) -> np.ndarray:
+    """Pearson r of x [n] with every column of ys [n, m]; NaN where x or a column varies by no more than rounding
+    noise relative to the scale of the data it was derived from (a residual of a constant is noise, not signal)."""
     xc = x - x.mean()
     yc = ys - ys.mean(axis=0)
+    flat_x = np.abs(xc).max() <= CONSTANT_RTOL * max(scale_x, 1e-300)
+    flat_y = np.abs(yc).max(axis=0) <= CONSTANT_RTOL * max(scale_y, 1e-300)
     denom = np.sqrt((xc**2).sum() * (yc**2).sum(axis=0))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(denom > 0, xc @ yc / np.where(denom > 0, denom, 1.0), np.nan)
+        r = xc @ yc / np.where(denom > 0, denom, 1.0)
+    return np.where(flat_x | flat_y | (denom <= 0), np.nan, r)
 
 
 def _within_permutations(strata: np.ndarray, n_perm: int, rng: np.random.Generator) -> np.ndarray:
@@ -142,9 +146,15 @@ class Deconfounded:
         """What survives of a raw correlation: "no raw effect" (the raw number is within a plain permutation null),
         "survives" (the partial and the within-stratum numbers both clear their confound-keeping nulls, with the raw
         sign and at least half its magnitude), "weakens" (one of them clears, or both at under half the raw
-        magnitude), "vanishes" (neither clears: the raw correlation is what the confound gives)."""
+        magnitude), "vanishes" (neither clears: the raw correlation is what the confound gives), "appears only within
+        strata" (no raw effect, but a deconfounded number clears its null: the confound was hiding it),
+        "inseparable" (nothing varies once the confound is held fixed, e.g. the bijection's exact entropy within a
+        position: the data cannot tell the two apart)."""
         if not self.p_plain[stat] < 1 - CI_LEVEL:
-            return "no raw effect"
+            hidden = [k for k in ("partial", "within") if self.p[k][stat] < 1 - CI_LEVEL]
+            return "appears only within strata" if hidden else "no raw effect"
+        if not any(np.isfinite(self.values[k][stat]) for k in ("partial", "within")):
+            return "inseparable"  # y (or x) does not vary once the confound is held fixed: nothing can be said
         clears = {k: self.p[k][stat] < 1 - CI_LEVEL and np.sign(self.values[k][stat]) == np.sign(
             self.values["raw"][stat]) for k in ("partial", "within")}
         deconf = [k for k in ("partial", "within") if clears[k]]
@@ -160,7 +170,7 @@ def deconfounded_correlation(x, y, covariates: np.ndarray, strata, *, covariate_
                              n_perm: int = 1000, seed: int = 0) -> Deconfounded:
     """Raw, partial and within-stratum correlations of ``x`` with ``y`` (see the module docstring), each with a
     within-stratum permutation null of ``n_perm`` draws."""
-    x, y = as_float64(x), as_float64(y)
+    x, y = _snap(as_float64(x)), _snap(as_float64(y))
     cov = as_float64(covariates).reshape(len(x), -1)
     strata = np.asarray(strata)
     if not (len(x) == len(y) == len(cov) == len(strata)):
@@ -177,17 +187,26 @@ def deconfounded_correlation(x, y, covariates: np.ndarray, strata, *, covariate_
         y_all = np.column_stack([ys, ys[perms].T])  # [n, 1 + n_perm]: observed, then permuted within strata
         x_partial, y_partial = residualize(xs, cov_train=cs), residualize(y_all, cov_train=cs)
         within = _centre_within(np.column_stack([xs, y_all]), strata)
-        r = dict(raw=_corr_columns(xs, y_all), partial=_corr_columns(x_partial, y_partial),
-                 within=_corr_columns(within[:, 0], within[:, 1:]))
+        sx, sy = np.abs(xs).max(), np.abs(ys).max()
+        r = dict(raw=_corr_columns(xs, y_all, sx, sy), partial=_corr_columns(x_partial, y_partial, sx, sy),
+                 within=_corr_columns(within[:, 0], within[:, 1:], sx, sy))
         for kind, rs in r.items():
             obs, draws = rs[0], rs[1:]
             values.setdefault(kind, {})[stat] = float(obs)
             a = (1 - CI_LEVEL) / 2
-            null.setdefault(kind, {})[stat] = [float(np.nanquantile(draws, a)), float(np.nanquantile(draws, 1 - a))]
+            null.setdefault(kind, {})[stat] = ([float(np.nanquantile(draws, a)), float(np.nanquantile(draws, 1 - a))]
+                                               if np.isfinite(draws).any() else [float("nan")] * 2)
             p.setdefault(kind, {})[stat] = _p_value(obs, draws)
-        p_plain[stat] = _p_value(r["raw"][0], _corr_columns(xs, ys[plain].T))
+        p_plain[stat] = _p_value(r["raw"][0], _corr_columns(xs, ys[plain].T, sx, sy))
     return Deconfounded(values, null, p, p_plain, len(x), int(len(np.unique(strata))), n_perm,
                         list(covariate_names), strata_name)
+
+
+def _snap(v: np.ndarray) -> np.ndarray:
+    """Values equal up to rounding made exactly equal (12 significant digits of the largest magnitude), so that
+    ties stay ties: ranks, and centring within strata, would otherwise turn 1e-16 noise into variation."""
+    scale = np.abs(v).max() if v.size else 0.0
+    return np.round(v / scale, 12) * scale if scale > 0 else v
 
 
 def _p_value(obs: float, draws: np.ndarray) -> float:

@@ -100,14 +100,14 @@ def test_cross_fitted_residualisation_does_not_leak():
     residualisation coefficients of its fold saw it."""
     x, y, pos, _, _ = planted(n_per=12)
     cov = covariate_matrix({"position": pos})
-    out, target = cross_fitted_projections(x, y, "pc1", folds=4, seed=0, control=cov)
+    out, target, _ = cross_fitted_projections(x, y, "pc1", folds=4, seed=0, control=cov)
     from sklearn.model_selection import KFold
 
     _, part = next(iter(KFold(n_splits=4, shuffle=True, random_state=0).split(x)))
     x2, y2 = x.copy(), y.copy()
     x2[part[0]] += 50.0 * np.random.default_rng(9).standard_normal(x.shape[1])
     y2[part[0]] += 10.0
-    out2, target2 = cross_fitted_projections(x2, y2, "pc1", folds=4, seed=0, control=cov)
+    out2, target2, _ = cross_fitted_projections(x2, y2, "pc1", folds=4, seed=0, control=cov)
     others = part[1:]  # the rest of the changed prompt's held-out fold
     np.testing.assert_allclose(out2[others], out[others], atol=1e-10)
     np.testing.assert_allclose(target2[others], target[others], atol=1e-10)
@@ -121,3 +121,18 @@ def test_covariates_drop_duplicates_and_constants_and_length_strata_are_quantile
     assert covariate_matrix(cols).shape == (6, 3)  # position duplicates length; k and log_k stay
     assert covariate_matrix({"c": np.ones(6)}).shape == (6, 0)
     assert list(length_strata(np.arange(10), n_bins=5)) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_an_entropy_that_is_a_function_of_position_is_inseparable():
+    """The bijection without replacement: exact entropy log2(V - k + 1) depends on the position k alone, so nothing
+    remains within a position; the within correlation must be NaN, not a correlation of rounding noise."""
+    rng = np.random.default_rng(4)
+    k = np.repeat(np.arange(1, 21), 30)
+    y = np.log2(21 - k) * (1 + 1e-16 * rng.standard_normal(len(k)))  # exact but for float rounding
+    x = y + 0.3 * rng.standard_normal(len(k))
+    dec = deconfounded_correlation(x, y, np.zeros((len(k), 0)), k, n_perm=100, seed=0)
+    for stat in ("pearson", "spearman"):  # ranks of rounding noise are noise too
+        assert np.isnan(dec.values["within"][stat]) and np.isnan(dec.null["within"][stat][0]), stat
+    assert dec.values["raw"]["pearson"] > 0.9 and dec.verdict("pearson") in ("inseparable", "weakens", "vanishes")
+    dec2 = deconfounded_correlation(x, y, covariate_matrix({"k": k}), k, n_perm=100, seed=0)
+    assert np.isnan(dec2.values["within"]["pearson"])

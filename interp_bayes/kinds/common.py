@@ -3,8 +3,6 @@ report."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..results import Row, find
@@ -66,6 +64,33 @@ def plan_sula(ctx, probe: str, conditions, per_k: int, seed: int, layers) -> lis
         out.append(ctx.plan_acts(probe, req["label"], req["prompts"], layers=req["layers"],
                                  label_tokens=req["label_tokens"], dims=ctx.site_dims()))
     return out
+
+
+def deconfounded(x, y, columns: dict, covariates, strata, strata_name: str, *, n_perm: int, seed: int,
+                 metric: str, scope: dict) -> list[Row]:
+    """Rows of the raw, partial and within-stratum correlations of ``x`` with ``y`` (``confounds``), given the
+    probe's declared covariates (names among ``columns``)."""
+    from ..confounds import deconfounded_correlation, deconfounded_rows, select_covariates
+
+    dec = deconfounded_correlation(x, y, select_covariates(columns, covariates), strata, covariate_names=covariates,
+                                   strata_name=strata_name, n_perm=n_perm, seed=seed)
+    return deconfounded_rows(dec, metric, scope)
+
+
+def deconfounded_text(rows: list[Row], metric: str, **scope) -> tuple[str, str]:
+    """'raw +0.79; partial +0.10 (null -0.12, +0.12); within ...' and the claim's verdict, from the rows."""
+    parts, verdict = [], ""
+    for kind in ("raw", "partial", "within"):
+        r = find(rows, metric, deconfounded=kind, **scope)
+        if r is None:
+            return "", ""
+        if r.value is None or np.isnan(r.value):
+            parts.append(f"{kind} undefined (nothing varies within the confound)")
+            continue
+        parts.append(f"{kind} {r.value:+.2f}" + ("" if kind == "raw" else f" (null {r.null_low:+.2f}, "
+                                                                            f"{r.null_high:+.2f})"))
+        verdict = (r.note or "").rsplit("claim ", 1)[-1]
+    return "; ".join(parts), verdict
 
 
 def pct(x: float) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from ..results import Row, find, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, manifold_rows, pct, plan_sula, sula
+from .common import SULA_LAYERS, deconfounded, deconfounded_text, manifold_rows, pct, plan_sula, sula
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
@@ -21,12 +21,14 @@ SUBSETS = (("all", lambda k: k >= 0), ("k>=1", lambda k: k >= 1))
 
 @dataclass(frozen=True)
 class ICLParams(Params):
-    conditions: tuple[str, ...] = ("main", "remap", "shuffled", "label_masked", "carrier_masked")
-    per_k: int = 50  # prompts per k in (0, 1, 2, 4, 8)
+    conditions: tuple[str, ...] = ("main", "remap", "shuffled", "label_masked", "carrier_masked", "fixed_k")
+    per_k: int = 50  # prompts per k in (0, 1, 2, 4, 8), and per label split of the fixed_k condition
     seed: int = 42  # the prompt draws (paired across conditions)
     layers: tuple[int, ...] | str = SULA_LAYERS  # layers collected (shared with the axis and interventions probes)
     n_boot: int = 1000
     n_null: int = 200
+    covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisance covariates of the deconfounded correlations
+    n_perm: int = 1000  # draws of the within-k permutation null
 
 
 def calibration_rows(cmp: dict, scope: dict) -> list[Row]:
@@ -50,31 +52,43 @@ def calibration_rows(cmp: dict, scope: dict) -> list[Row]:
     return rows
 
 
+TARGETS = (("latent", "bayes_entropy"), ("predictive", "predictive_entropy"))  # the two Bayes targets (tasks/icl.py)
+
+
 def run(ctx, p: ICLParams) -> Result:
     from ..calibration import compare_to_bayes
+    from ..confounds import nuisance_columns
     from ..geometry import correlations, manifold_report
 
     rows, data = [], {}
     for condition in p.conditions:
         acts, cols = sula(ctx, condition, p.per_k, p.seed, p.layers)
-        cmp = compare_to_bayes(acts.entropy, cols["bayes_entropy"], groups=cols["k"],
-                               predicted=acts.label_logprobs.argmax(-1).numpy(), latent=cols["latent"])
-        rows += calibration_rows(cmp, dict(condition=condition))
-        if condition != "main":
+        for target, column in TARGETS:
+            cmp = compare_to_bayes(acts.entropy, cols[column], groups=cols["k"],
+                                   predicted=acts.label_logprobs.argmax(-1).numpy(), latent=cols["latent"])
+            rows += calibration_rows(cmp, dict(condition=condition, target=target))
+        if condition not in ("main", "fixed_k"):
             continue
-        k, bayes, layer = np.array(cols["k"]), np.array(cols["bayes_entropy"]), acts.layers[-1]
+        k, layer = np.array(cols["k"]), acts.layers[-1]
+        lengths = np.array([len(t) for t in acts.token_ids])
+        columns = nuisance_columns(lengths, k=k)
         v = acts.values(layer)
-        for subset, keep in SUBSETS:
+        for subset, keep in SUBSETS if condition == "main" else SUBSETS[:1]:
             sel = keep(k)
-            rep = manifold_report(v[sel], acts.entropy[sel], bayes_entropy=bayes[sel], n_boot=p.n_boot,
-                                  n_null=p.n_null, seed=ctx.config.seed)
-            rows += manifold_rows(rep, dict(condition="main", subset=subset, layer=layer), entropy_label="entropy")
+            rep = manifold_report(v[sel], acts.entropy[sel], bayes_entropy=np.array(cols["bayes_entropy"])[sel],
+                                  n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
+            scope = dict(condition=condition, subset=subset, layer=layer)
+            rows += manifold_rows(rep, scope, entropy_label="entropy")
+            for target, y in [("model entropy", acts.entropy.numpy())] + [(f"bayes {t}", cols[c]) for t, c in TARGETS]:
+                rows += deconfounded(rep["pc1_score"], np.asarray(y)[sel], {c: x[sel] for c, x in columns.items()},
+                                     p.covariates, k[sel], "k", n_perm=p.n_perm, seed=ctx.config.seed,
+                                     metric="corr_pc1", scope=dict(scope, target=target))
             if subset == "all":
-                data = dict(k=k.tolist(), bayes_entropy=bayes.tolist(), pc1=rep["pc1_score"], texts=cols["text"],
-                            layer=layer)
+                data[condition] = dict(k=k.tolist(), bayes_entropy=cols["bayes_entropy"],
+                                       predictive_entropy=cols["predictive_entropy"], pc1=rep["pc1_score"],
+                                       texts=cols["text"], layer=layer, n1=cols["n1"])
                 r = correlations(k, rep["pc1_score"])
-                rows.append(Row("spearman_k_pc1", r["spearman"], "rho", dict(condition="main", subset="all",
-                                                                           layer=layer), n=len(k)))
+                rows.append(Row("spearman_k_pc1", r["spearman"], "rho", dict(scope), n=len(k), note=r.get("reason")))
     return Result(rows, data)
 
 
@@ -84,20 +98,28 @@ def plan(ctx, p: ICLParams) -> list:
 
 def summary(rows: list[Row], p: ICLParams) -> list[Line]:
     out = []
-    per_k = sorted(select(rows, "entropy_mae", condition="main"), key=lambda r: r.scope.get("k", -1))
-    pos = find(rows, "entropy_mae", condition="main", subset="k>=1")
-    if pos is not None:
-        ks = ", ".join(f"k={r.scope['k']}: {r.value:.3f}" for r in per_k if "k" in r.scope)
-        out.append(Line("SULA entropy MAE vs Bayes (bits)", f"{ks}; k>=1: {pos.value:.3f}", "", "SULA MAE"))
+    for target in ("latent", "predictive"):
+        per_k = sorted((r for r in select(rows, "entropy_mae", condition="main", target=target) if "k" in r.scope),
+                       key=lambda r: r.scope["k"])
+        pos = find(rows, "entropy_mae", condition="main", target=target, subset="k>=1")
+        if pos is not None:
+            ks = ", ".join(f"k={r.scope['k']}: {r.value:.3f}" for r in per_k)
+            out.append(Line(f"SULA entropy MAE vs Bayes {target} entropy (bits)", f"{ks}; k>=1: {pos.value:.3f}",
+                            "", "SULA MAE" if target == "latent" else None))
     for condition in p.conditions:
-        r = find(rows, "entropy_mae", condition=condition, subset="k>=1")
+        r = find(rows, "entropy_mae", condition=condition, target="latent", subset="k>=1")
         if condition != "main" and r is not None:
             out.append(Line(f"SULA MAE, {condition} (k>=1)", f"{r.value:.3f}"))
-    for subset, label in (("all", "all k"), ("k>=1", "k>=1")):
-        rho = find(rows, "spearman_pc1", condition="main", subset=subset, target="bayes entropy")
-        share = find(rows, "pc1_share", condition="main", subset=subset)
-        if rho is not None:
-            out.append(Line(f"SULA Spearman(PC1, Bayes H), {label}", f"{rho.value:+.2f}; PC1 {pct(share.value)}"))
+    for condition, subset, label in (("main", "all", "all k"), ("main", "k>=1", "k>=1"), ("fixed_k", "all",
+                                                                                          "fixed k = 8")):
+        share = find(rows, "pc1_share", condition=condition, subset=subset)
+        if share is None:
+            continue
+        for target in ("latent", "predictive"):
+            text, claim = deconfounded_text(rows, "corr_pc1", condition=condition, subset=subset,
+                                            target=f"bayes {target}")
+            out.append(Line(f"SULA Spearman(PC1, Bayes {target} H), {label}", f"{text}; PC1 {pct(share.value)}",
+                            claim))
     return out
 
 
@@ -111,9 +133,11 @@ def _calibration(p) -> Figure:
     bayes_curves: dict[tuple, list[str]] = {}
     for condition in p.params.get("conditions", []):
         def curve(metric):
-            rs = sorted((r for r in select(p.rows, metric, condition=condition) if "k" in r.scope),
+            rs = sorted((r for r in select(p.rows, metric, condition=condition, target="latent") if "k" in r.scope),
                         key=lambda r: r.scope["k"])
             return [r.scope["k"] for r in rs], [r.value for r in rs]
+        if len([r for r in select(p.rows, "model_entropy", condition=condition, target="latent") if "k" in r.scope]) < 2:
+            continue  # fixed_k holds one k: no curve
         ks, h = curve("model_entropy")
         colour = CONDITION_COLOURS.get(condition)
         fig.add_trace(go.Scatter(x=ks, y=h, mode="lines+markers", name=condition, legendgroup=condition,
@@ -138,7 +162,7 @@ def _geometry(p) -> Figure | None:
 
     from ..report.figures import layout, shorten
 
-    d = p.data
+    d = p.data.get("main", {})
     if "pc1" not in d:
         return None
     k, bayes, score = np.asarray(d["k"]), np.asarray(d["bayes_entropy"]), np.asarray(d["pc1"])
@@ -163,7 +187,7 @@ def _geometry(p) -> Figure | None:
 def _examples(p) -> Figure | None:
     from ..report.html import table
 
-    d = p.data
+    d = p.data.get("main", {})
     if "texts" not in d:
         return None
     first = {k: i for i, k in reversed(list(enumerate(d["k"])))}

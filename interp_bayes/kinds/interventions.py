@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from ..results import Row, find, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, plan_sula, sula, sula_task
+from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula, sula_task
 
 MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no range is shown
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")
@@ -33,6 +33,9 @@ class InterventionsParams(Params):
     per_k: int = 50
     seed: int = 42  # the SULA prompt draws
     layers: tuple[int, ...] | str = SULA_LAYERS
+    axis_control: tuple[str, ...] = ()  # covariates of a conditional axis (e.g. [length, k, log_k]); () = plain axis
+    covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded baseline geometry
+    n_perm: int = 1000
 
 
 def split_by_k(k, seed: int) -> tuple[list[int], list[int]]:
@@ -47,14 +50,25 @@ def split_by_k(k, seed: int) -> tuple[list[int], list[int]]:
     return sorted(fit), sorted(ev)
 
 
+def split_by_group(groups, seed: int) -> tuple[list[int], list[int]]:
+    """Two halves of the prompt indices such that no group (e.g. a wind-tunnel sequence, whose prefixes are the
+    prompts) has prompts on both sides: the fit can learn nothing about the evaluation prompts' sequences."""
+    groups = np.asarray(groups)
+    ids = np.random.default_rng(seed).permutation(np.unique(groups))
+    fit_groups = set(ids[: len(ids) // 2].tolist())
+    fit = [i for i, g in enumerate(groups.tolist()) if g in fit_groups]
+    return fit, [i for i in range(len(groups)) if groups[i] not in fit_groups]
+
+
 def layer_sets(ctx, specs) -> list[list[int]]:
     return [ctx.layers(s) if isinstance(s, str) else ctx.layers(list(s)) for s in specs]
 
 
 def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: list[int], sets: list[list[int]],
-             fit_idx: list[int], eval_idx: list[int]) -> Result:
-    """Fit an entropy axis per layer on ``fit_idx``, run every edit of ``p`` on the ``eval_idx`` prompts against
-    the control axes, and return tidy rows (plus every run's measures as data, for the figures)."""
+             fit_idx: list[int], eval_idx: list[int], columns: dict, strata, strata_name: str) -> Result:
+    """Fit an entropy axis per layer on ``fit_idx`` (conditional on ``p.axis_control`` when given), run every edit
+    of ``p`` on the ``eval_idx`` prompts against the control axes, and return tidy rows (plus every run's measures
+    as data, for the figures). ``columns`` are the nuisance covariates of every prompt, ``strata`` their strata."""
     from ..axis import fit_entropy_axis
     from ..interventions import run_interventions, summarize
 
@@ -62,8 +76,18 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
     if unknown:
         raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: isotropic, matched, pcs.")
     layers = sorted({x for s in sets for x in s})
-    axes = {layer: fit_entropy_axis(acts, layer, p.method, subset=fit_idx, folds=0, seed=ctx.config.seed)
-            for layer in layers}
+    control = {c: columns[c] for c in p.axis_control} if p.axis_control else None
+    axes = {layer: fit_entropy_axis(acts, layer, p.method, subset=fit_idx, folds=0, seed=ctx.config.seed,
+                                    control=control) for layer in layers}
+    ev = np.asarray(eval_idx)
+    geometry = []  # the axis' reading on the evaluation prompts (never fitted on), raw and deconfounded
+    for layer, a in axes.items():
+        proj = a.project(acts.values(layer)[ev]).double().numpy()
+        for target, y in (("model entropy", acts.entropy.numpy()), ("bayes latent", np.asarray(cols["bayes_entropy"]))):
+            geometry += deconfounded(proj, y[ev], {c: v[ev] for c, v in columns.items()}, p.covariates,
+                                     np.asarray(strata)[ev], strata_name, n_perm=p.n_perm, seed=ctx.config.seed,
+                                     metric="corr_eval_projection", scope=dict(layer=layer, target=target,
+                                                                               condition="baseline"))
     task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
     t = time.perf_counter()
     res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
@@ -94,13 +118,15 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
                             note=None if k >= MIN_DRAWS else f"too few draws for a range ({k})"))
             rows.append(Row("percentile_of_true", s[f"{fam}_percentile"], "fraction", dict(scope, family=fam), n=k,
                             note=None if k >= MIN_DRAWS else f"too few draws for a percentile ({k})"))
-    rows += [Row("axis_sigma", a.sigma, "value units", dict(layer=layer)) for layer, a in axes.items()]
+    rows += geometry + [Row("axis_sigma", a.sigma, "value units", dict(layer=layer)) for layer, a in axes.items()]
     rows += [Row("forward_prompts", res.n_forward_prompts, "prompts", {}), Row("seconds", seconds, "s", {})]
     return Result(rows, dict(runs=res.rows, baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
                              fit=p.fit, n_eval=n, n_fit=len(fit_idx)))
 
 
 def run(ctx, p: InterventionsParams) -> Result:
+    from ..confounds import nuisance_columns
+
     if p.fit not in ("cross", "in_sample"):
         raise ConfigError(f"fit must be 'cross' or 'in_sample', not {p.fit!r}.")
     acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
@@ -108,8 +134,10 @@ def run(ctx, p: InterventionsParams) -> Result:
     if p.fit == "in_sample":
         fit_idx = eval_idx
     _, ids = sula_task(ctx, p.per_k)
+    columns = nuisance_columns([len(t) for t in acts.token_ids], k=cols["k"])
     return protocol(ctx, p, ctx.model, cols["text"], acts, cols, label_tokens=ids["main"],
-                    sets=layer_sets(ctx, p.layer_sets), fit_idx=fit_idx, eval_idx=eval_idx)
+                    sets=layer_sets(ctx, p.layer_sets), fit_idx=fit_idx, eval_idx=eval_idx, columns=columns,
+                    strata=cols["k"], strata_name="k")
 
 
 def plan(ctx, p: InterventionsParams) -> list:
@@ -142,6 +170,10 @@ def effect_text(rows: list[Row], **scope) -> tuple[str, str]:
 
 def summary_lines(rows: list[Row], prefix: str = "") -> list[Line]:
     out = []
+    layers = sorted({r.scope["layer"] for r in select(rows, "corr_eval_projection")})
+    if layers:
+        text, claim = deconfounded_text(rows, "corr_eval_projection", layer=layers[-1], target="bayes latent")
+        out.append(Line(f"{prefix}axis L{layers[-1]} on the evaluation prompts vs Bayes H", text, claim))
     for r in select(rows, "effect", measure="mae_k_ge_1", family="true"):
         text, verdict = effect_text(rows, layer_set=r.scope["layer_set"], op=r.scope["op"], measure="mae_k_ge_1")
         out.append(Line(f"{prefix}{r.scope['op']} L{r.scope['layer_set']}: change in MAE k>=1 (bits)", text, verdict))
@@ -149,7 +181,7 @@ def summary_lines(rows: list[Row], prefix: str = "") -> list[Line]:
 
 
 def summary(rows: list[Row], p: InterventionsParams) -> list[Line]:
-    return summary_lines(rows)
+    return summary_lines(rows, "conditional axis: " if p.axis_control else "")
 
 
 def effects_figure(p, title_prefix: str = "") -> Figure | None:

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..results import Row, find, select
 from .base import Figure, Kind, Line, Params, Result
-from .common import last_layer, manifold_rows, pool, share_text
+from .common import deconfounded, deconfounded_text, last_layer, manifold_rows, pool, share_text
 from . import register
 
 DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
@@ -26,6 +26,9 @@ class ManifoldParams(Params):
     n_boot: int = 1000  # bootstrap resamples (the paper's interval, biased upward when n < d)
     n_null: int = 200  # draws of each null
     n_resample: int = 200  # fresh stratified draws from the pool: the interval shown
+    covariates: tuple[str, ...] = ("length",)  # nuisance covariates of the deconfounded PC1-entropy correlation
+    length_bins: int = 5  # strata of the within-stratum correlation: quantile bins of prompt length
+    n_perm: int = 1000  # draws of the within-stratum permutation null
 
 
 def label(params: ManifoldParams) -> str:
@@ -47,21 +50,29 @@ def run(ctx, p: ManifoldParams) -> Result:
         return pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.per_bin, n_bins=p.n_bins,
                                           seed=seed)]
 
+    from ..confounds import length_strata, nuisance_columns
+
     chosen = draw(ctx.config.seed)
     redraws = [draw(ctx.config.seed + 1 + r) for r in range(p.n_resample)]
+    lengths = np.array([len(acts.token_ids[i]) for i in chosen])
+    columns = nuisance_columns(lengths)
     rows, layers = [], {}
     for layer in acts.layers:
         x = acts.values(layer)[chosen]
         rep = manifold_report(x, acts.entropy[chosen], n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
         rep["resample"] = resample_shares(acts.values(layer), redraws)
         rows += manifold_rows(rep, dict(layer=layer))
+        rows += deconfounded(rep["pc1_score"], acts.entropy[chosen], columns, p.covariates,
+                             length_strata(lengths, p.length_bins), "length bin", n_perm=p.n_perm,
+                             seed=ctx.config.seed, metric="corr_pc1", scope=dict(layer=layer, target="entropy"))
         ratios, _, scores = pca(x)
         sign = 1.0 if np.dot(scores[:, 0], rep["pc1_score"]) >= 0 else -1.0  # PC1 oriented with entropy
         layers[str(layer)] = dict(pc1=(sign * scores[:, 0]).tolist(), pc2=scores[:, 1].tolist(),
                                   ratios=ratios[:2].tolist())
     texts = list(ds["text"])
     data = dict(label=label(p), indices=chosen.tolist(), entropy=acts.entropy[chosen].tolist(),
-                texts=[texts[i] for i in chosen], pool_size=int(len(pool_idx)), layers=layers)
+                texts=[texts[i] for i in chosen], lengths=lengths.tolist(), pool_size=int(len(pool_idx)),
+                layers=layers)
     return Result(rows, data)
 
 
@@ -84,10 +95,11 @@ def summary(rows: list[Row], p: ManifoldParams) -> list[Line]:
     rho = find(rows, "spearman_pc1", target="entropy", **at)
     pr = find(rows, "participation_ratio", **at)
     dim = find(rows, "dim", **at)
+    deconf, claim = deconfounded_text(rows, "corr_pc1", target="entropy", **at)
     return [Line(f"{name} PC1 (layer {layer})", pc1, v1, f"{name} PC1"),
             Line(f"{name} PC1+PC2 (layer {layer})", pc12, v12, f"{name} PC1+PC2"),
-            Line(f"{name} Spearman(PC1, H)", f"{rho.value:+.2f} (PC1 oriented so that Pearson r >= 0)", "",
-                 "Spearman(PC1, H) mixed / math"),
+            Line(f"{name} Spearman(PC1, H)", f"{rho.value:+.2f} (PC1 oriented so that Pearson r >= 0)"
+                 + (f"; {deconf}" if deconf else ""), claim, "Spearman(PC1, H) mixed / math"),
             Line(f"{name} participation ratio", f"{pr.value:.1f} of {dim.value:.0f} dims")]
 
 

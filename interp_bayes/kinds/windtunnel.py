@@ -13,9 +13,9 @@ import numpy as np
 from ..results import Row, find, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import manifold_rows, pct
+from .common import deconfounded, deconfounded_text, manifold_rows, pct
 from .icl import calibration_rows
-from .interventions import effects_figure, per_k_figure, protocol, split_by_k, summary_lines
+from .interventions import effects_figure, per_k_figure, protocol, split_by_group, summary_lines
 
 WINDTUNNELS_DIR = Path(__file__).resolve().parent.parent / "windtunnel" / "checkpoints"
 
@@ -33,6 +33,9 @@ class WindtunnelParams(Params):
     layer_sets: tuple = ((-1,),)
     ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
     controls: dict = field(default_factory=lambda: {"isotropic": 20, "matched": 20, "pcs": 3})
+    covariates: tuple[str, ...] = ("position",)  # the query position: the bijection's exact entropy is a function of it
+    axis_control: tuple[str, ...] = ()  # covariates of a conditional axis for the interventions; () = plain axis
+    n_perm: int = 1000
 
 
 def checkpoint_folder(name: str) -> Path:
@@ -71,6 +74,7 @@ def _load(p: WindtunnelParams):
 def run(ctx, p: WindtunnelParams) -> Result:
     from ..axis import fit_entropy_axis
     from ..calibration import compare_to_bayes
+    from ..confounds import nuisance_columns
     from ..geometry import attention_focusing, key_orthogonality, key_orthogonality_null, manifold_report
 
     folder, task, load, identity = _load(p)
@@ -79,19 +83,29 @@ def run(ctx, p: WindtunnelParams) -> Result:
     n = model.cfg.n_layers
     acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=identity,
                            layers=list(range(n)), readings=("v", "attn_entropy"), label_tokens=task.hypothesis_ids)
-    bayes = np.array(cols["bayes_entropy"])
+    bayes, k = np.array(cols["bayes_entropy"]), np.array(cols["k"])
+    columns = nuisance_columns([len(t) for t in prompts], position=k)
     rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, groups=cols["k"]), dict(condition="windtunnel"))
     last = n - 1
     rep = manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, n_boot=p.n_boot, n_null=p.n_null,
                           seed=ctx.config.seed)
     rows += manifold_rows(rep, dict(condition="windtunnel", layer=last))
+    rows += deconfounded(rep["pc1_score"], bayes, columns, p.covariates, k, "position", n_perm=p.n_perm,
+                         seed=ctx.config.seed, metric="corr_pc1", scope=dict(layer=last, target="bayes entropy"))
+    control = {c: columns[c] for c in p.covariates}
     for layer in range(1, n):  # layer 0's final-token value depends on the final token alone
         for target, y in (("model entropy", None), ("bayes entropy", bayes)):
-            a = fit_entropy_axis(acts, layer, p.method, folds=p.folds, entropy=y, seed=ctx.config.seed)
-            for fit, corr in (("in-sample", a.in_sample), ("held-out", a.held_out)):
-                rows.append(Row("pearson_projection", corr["pearson"], "r",
-                                dict(layer=layer, method=p.method, target=target, fit=fit), n=len(acts),
-                                note=corr.get("reason")))
+            for kind in ("unconditional", "conditional") if target == "bayes entropy" else ("unconditional",):
+                a = fit_entropy_axis(acts, layer, p.method, folds=p.folds, entropy=y, seed=ctx.config.seed,
+                                     control=control if kind == "conditional" else None)
+                scope = dict(layer=layer, method=p.method, target=target, axis=kind)
+                for fit, corr in (("in-sample", a.in_sample), ("held-out", a.held_out)):
+                    rows.append(Row("pearson_projection", corr["pearson"], "r", dict(scope, fit=fit), n=len(acts),
+                                    note=corr.get("reason")))
+                if target == "bayes entropy":
+                    rows += deconfounded(a.held_out["projections"], bayes, columns, p.covariates, k, "position",
+                                         n_perm=p.n_perm, seed=ctx.config.seed, metric="corr_held_out_projection",
+                                         scope=scope)
     scores = key_orthogonality(model)
     null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, seed=ctx.config.seed)
     rows += [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
@@ -100,12 +114,11 @@ def run(ctx, p: WindtunnelParams) -> Result:
     f = attention_focusing(acts.readings["attn_entropy"], n_boot=p.n_boot, seed=ctx.config.seed)
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
                     n=f["n_prompts"]))
-    fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
+    fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides
     sets = [[(int(x) + n) % n for x in s] for s in p.layer_sets]
     iv = protocol(ctx, p, model, prompts, acts, cols, label_tokens=task.hypothesis_ids, sets=sets, fit_idx=fit_idx,
-                  eval_idx=eval_idx)
+                  eval_idx=eval_idx, columns=columns, strata=k, strata_name="position")
     rows += iv.rows
-    k = np.array(cols["k"])
     data = dict(iv.data, checkpoint=p.checkpoint, task=task.name, k=k.tolist(), bayes_entropy=bayes.tolist(),
                 model_entropy=acts.entropy.tolist(), pc1=rep["pc1_score"], n_params=sum(x.numel() for x in
                                                                                        model.parameters()))
@@ -128,18 +141,23 @@ def summary(rows: list[Row], p: WindtunnelParams) -> list[Line]:
     share, share12 = find(rows, "pc1_share", layer=layer), find(rows, "pc12_share", layer=layer)
     perm1 = find(rows, "pc1_share_null_mean", layer=layer, null="permuted")
     perm12 = find(rows, "pc12_share_null_mean", layer=layer, null="permuted")
-    rho = find(rows, "spearman_pc1", layer=layer, target="bayes entropy")
     axis_layer = max(r.scope["layer"] for r in select(rows, "pearson_projection", target="bayes entropy"))
-    ins = find(rows, "pearson_projection", layer=axis_layer, target="bayes entropy", fit="in-sample")
-    held = find(rows, "pearson_projection", layer=axis_layer, target="bayes entropy", fit="held-out")
+    at = dict(layer=axis_layer, target="bayes entropy")
+    ins = find(rows, "pearson_projection", fit="in-sample", axis="unconditional", **at)
+    held = find(rows, "pearson_projection", fit="held-out", axis="unconditional", **at)
     red = find(rows, "focusing_reduction")
-    return [Line(prefix + "entropy MAE vs Bayes (bits)", f"{mae.value:.4f}"),
-            Line(prefix + "PC1 / PC1+PC2 share", f"{pct(share.value)} / {pct(share12.value)}; null "
-                 f"{pct(perm1.value)} / {pct(perm12.value)}", share.verdict()),
-            Line(prefix + "Spearman(PC1, Bayes H)", f"{rho.value:+.2f}"),
-            Line(prefix + f"axis (Bayes H) L{axis_layer}: r in-sample / held-out",
-                 f"{ins.value:+.2f} / {held.value:+.2f}"),
-            Line(prefix + "attention focusing", pct(red.value))] + summary_lines(rows, prefix)
+    pc1, pc1_claim = deconfounded_text(rows, "corr_pc1", layer=layer, target="bayes entropy")
+    out = [Line(prefix + "entropy MAE vs Bayes (bits)", f"{mae.value:.4f}"),
+           Line(prefix + "PC1 / PC1+PC2 share", f"{pct(share.value)} / {pct(share12.value)}; null "
+                f"{pct(perm1.value)} / {pct(perm12.value)}", share.verdict()),
+           Line(prefix + "Spearman(PC1, Bayes H)", pc1, pc1_claim),
+           Line(prefix + f"axis (Bayes H) L{axis_layer}: r in-sample / held-out",
+                f"{ins.value:+.2f} / {held.value:+.2f}")]
+    for kind in ("unconditional", "conditional"):
+        text, claim = deconfounded_text(rows, "corr_held_out_projection", axis=kind, **at)
+        if text:
+            out.append(Line(prefix + f"{kind} axis L{axis_layer}: held-out projection vs Bayes H", text, claim))
+    return out + [Line(prefix + "attention focusing", pct(red.value))] + summary_lines(rows, prefix)
 
 
 def _calibration(p) -> Figure:

@@ -67,7 +67,7 @@ def compare_figures(runs) -> list:
                           layout(fig, "Key orthogonality across depth (dotted: Gaussian nulls)"),
                           "Lower is more orthogonal; each model's null depends on its d_model: read each against its "
                           "line."))
-    sula = {name: sorted((r for r in select(rs, "model_entropy", condition="main") if "k" in r.scope),
+    sula = {name: sorted((r for r in select(rs, "model_entropy", condition="main", target="latent") if "k" in r.scope),
                          key=lambda r: r.scope["k"]) for name, rs in rows.items()}
     sula = {k: v for k, v in sula.items() if v}
     if sula:
@@ -76,7 +76,7 @@ def compare_figures(runs) -> list:
             fig.add_trace(go.Scatter(x=[r.scope["k"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
                                      name=name))
         first = next(iter(sula))
-        bayes = sorted((r for r in select(rows[first], "bayes_entropy", condition="main") if "k" in r.scope),
+        bayes = sorted((r for r in select(rows[first], "bayes_entropy", condition="main", target="latent") if "k" in r.scope),
                        key=lambda r: r.scope["k"])
         fig.add_trace(go.Scatter(x=[r.scope["k"] for r in bayes], y=[r.value for r in bayes], mode="lines",
                                  name="Bayes", line=dict(color="black", dash="dash", width=2.5)))

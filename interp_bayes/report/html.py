@@ -143,7 +143,7 @@ def _attention(run: RunView) -> str:
 def _compare_row(run: RunView) -> list[str]:
     lines = run.summary()
     by_paper = {line.paper: line.value for line in lines if line.paper}
-    sula = find(run.rows(), "entropy_mae", condition="main", subset="k>=1")
+    sula = find(run.rows(), "entropy_mae", condition="main", target="latent", subset="k>=1")
     axis = "; ".join(f"{line.label.removeprefix('entropy axis ').split(':')[0]}: {line.value}" for line in lines
                      if line.label.startswith("entropy axis")) or "—"
     return [run.name, _attention(run), by_paper.get("mixed PC1+PC2", "—"), by_paper.get("math PC1+PC2", "—"),

@@ -97,13 +97,13 @@ class SULATask:
     @classmethod
     def for_tokenizer(cls, tokenizer, **kw) -> "SULATask":
         """Pick two label pairs that are single tokens in ``tokenizer``, and the carriers that are single tokens at
-        the start of a prompt and after a space, so the fixed_k prompts all have the same length in tokens."""
+        the start of a prompt and after a space, so the fixed_k prompts all have the same length in tokens (all the
+        carriers when fewer than nine are)."""
         words = single_token_words(tokenizer)
         carriers = tuple(w for w in CARRIERS if all(len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1
                                                     for text in (w, " " + w)))  # first word, and after a space
-        if len(carriers) < FIXED_K + 1:
-            raise PromptError(f"Only {len(carriers)} carrier words are single tokens in this tokenizer, fewer than the "
-                              f"{FIXED_K + 1} a fixed_k prompt needs.")
+        if len(carriers) < FIXED_K + 1:  # too few one-token words: all carriers; lengths then vary a little, and
+            carriers = CARRIERS  # the length covariate of the deconfounded statistics takes that out
         return cls(labels=(words[0], words[1]), remap_labels=(words[2], words[3]), fixed_carriers=carriers, **kw)
 
     def label_token_ids(self, tokenizer, condition: str = "main") -> list[int]:
