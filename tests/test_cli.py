@@ -48,7 +48,7 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
     for probe in ("mixed", "math", "keys", "focusing", "icl", "axis"):
         for name in ("stage.json", "rows.json", "data.json"):
             assert (folder / "probes" / probe / name).exists(), (probe, name)
-    assert (folder / "probes" / "axis" / "axes" / "pc1-L1" / "axis.safetensors").exists()
+    assert (folder / "probes" / "axis" / "axes" / "pc1-conditional-L1" / "axis.safetensors").exists()
     config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(out), prompts="basic", quiet=True,
                          probes=small_probes)
     run = run_sweep(config)
