@@ -155,9 +155,18 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve(name_or_path: str | os.PathLike) -> tuple[str, bool]:
-    """Map an alias, folder or Hub id to (source, is_local). Raises with the fix when it cannot."""
-    name = os.fspath(name_or_path)
+def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> tuple[str, bool]:
+    """Map an alias, folder or Hub id to (source, is_local). Raises with the fix when it cannot, and when a revision
+    is asked of a local folder (Hugging Face would ignore it, and the run would be labelled with a checkpoint it
+    is not)."""
+    source, local = _resolve(os.fspath(name_or_path))
+    if local and revision is not None:
+        raise ModelNotFoundError(f"'{name_or_path}' is a local folder, which has no revisions (asked: {revision!r}); "
+                                 "pass that checkpoint's own folder, or a Hub id with the revision.")
+    return source, local
+
+
+def _resolve(name: str) -> tuple[str, bool]:
     if name == DEFAULT_MODEL:
         return str(smollm2_folder()), True
     if name in REGISTRY:
@@ -204,7 +213,7 @@ def model_identity(name_or_path: str | os.PathLike, revision: str | None = None)
     is the same model, and any changed file makes a new one."""
     import hashlib
 
-    source, local = resolve(name_or_path)
+    source, local = resolve(name_or_path, revision)
     if not local:
         return dict(hub=source, revision=revision)
     h = hashlib.sha256()
@@ -427,7 +436,7 @@ def _tokenizer(source: str, kw: dict):
 def load_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False):
     """The checkpoint's own tokenizer (its own BOS policy) without loading weights; offline Hub ids fail fast with
     the fix, as ``load_model`` does."""
-    source, local = resolve(name_or_path)
+    source, local = resolve(name_or_path, revision)
     load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     return _tokenizer(source, _load_kwargs(local, revision, trust_remote_code))
 
@@ -460,7 +469,7 @@ def load_model(
     if device is not None and device_map is not None:
         raise ModelLoadError("Pass device= (one device) or device_map= (several), not both.")
     name = os.fspath(name_or_path)
-    source, local = resolve(name)
+    source, local = resolve(name, revision)
     config = load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     _check_causal_lm(config, source)
     empty = _empty_model(config)

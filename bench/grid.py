@@ -1,0 +1,105 @@
+"""Grid executors: the wall time of a 4-cell grid (2 tiny models x 2 seeds, toy-sized probes) on a local Ray cluster
+of N workers against the local executor (one cell after another), as a ratio, and Ray's per-cell overhead.
+
+Measured side by side in one process, each executor on a fresh output folder: ``python bench/grid.py [--workers N]``.
+Every cell uses one torch thread, so N workers use N cores. Ray's start (``ray.init``) is timed apart; the Ray run
+includes its workers' first imports (torch, transformers), which the local executor has already paid in this
+process. The per-cell overhead is the difference of the two executors on the same grid when every stage is cached
+(warm Ray workers): what Ray adds to each cell beyond the work itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import yaml
+
+from interp_bayes.grid import run_grid
+from interp_bayes.models import load_model
+from interp_bayes.testing import make_tiny_model
+
+PROBES = {
+    "keys": dict(kind="keys", n_null=10),
+    "mixed": dict(kind="manifold", per_bin=4, n_boot=100, n_null=30, n_resample=30),
+    "icl": dict(kind="icl", conditions=["main"], per_k=4, layers=[1], n_boot=50, n_null=10),
+    "axis": dict(kind="axis", per_k=4, layers=[1], folds=3),
+    "cut": dict(kind="interventions", per_k=4, layers=[1], layer_sets=[[1]], ops=["cut"],
+                controls={"isotropic": 1, "matched": 1}),
+}
+
+
+def toy_grid(root: Path) -> dict:
+    """Two tiny models (Llama with GQA, GPT-NeoX) and the toy recipes under ``root``; the grid without ``out``."""
+    models = []
+    for family in ("llama3", "pythia"):
+        make_tiny_model(family, root / f"tiny-{family}")
+        models.append(str(root / f"tiny-{family}"))
+    recipes = []
+    for name, body in PROBES.items():
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(body))
+        recipes.append(str(root / f"{name}.yaml"))
+    return dict(name="bench", models=models, probes=recipes, seeds=[0, 1],
+                config=dict(prompts="basic", threads=1, quiet=True))
+
+
+def numbers(run) -> list[str]:
+    """Every cell's rows and data (timing rows aside), as canonical text."""
+    out = []
+    for cell in run.cells:
+        for rows in sorted(cell.folder.glob("probes/*/rows.json")):
+            kept = [r for r in json.loads(rows.read_text()) if r["unit"] != "s"]
+            out.append(json.dumps([kept, json.loads((rows.parent / "data.json").read_text())], sort_keys=True))
+    return out
+
+
+def timed(grid: dict, out: Path, **kw):
+    start = time.perf_counter()
+    run = run_grid(dict(grid, config=dict(grid["config"], out=str(out))), quiet=True, **kw)
+    return run, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+    args = parser.parse_args()
+    import ray
+
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp(prefix="bench-grid-"))
+    grid = toy_grid(root)
+    load_model(grid["models"][0])  # imports transformers and TransformerLens here, outside the timings
+    seq, t_seq = timed(grid, root / "local")
+    start = time.perf_counter()
+    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 2**20)
+    t_init = time.perf_counter() - start
+    par, t_ray = timed(grid, root / "ray", executor="ray")
+    _, t_seq_cached = timed(grid, root / "local")
+    _, t_ray_cached = timed(grid, root / "ray", executor="ray")
+    ray.shutdown()
+    n = len(seq.cells)
+    same = numbers(seq) == numbers(par)
+    print(f"grid: {n} cells (2 tiny models x 2 seeds), {len(PROBES)} probes each, 1 torch thread per cell; "
+          f"Ray cluster of {args.workers} CPUs")
+    print(f"local executor, sequential:   {t_seq:6.1f} s ({seq.computed} stages computed)")
+    print(f"ray executor, {args.workers} workers:       {t_ray:6.1f} s ({par.computed} stages computed; ray.init "
+          f"{t_init:.1f} s more)")
+    print(f"speed-up sequential / ray:    {t_seq / t_ray:6.2f}x (with ray.init: {t_seq / (t_ray + t_init):.2f}x)")
+    print(f"all cached, local / ray:      {t_seq_cached:6.2f} s / {t_ray_cached:.2f} s")
+    print(f"ray overhead per cell (warm): {(t_ray_cached - t_seq_cached) / n:6.2f} s")
+    print(f"cell compute inside workers:  {sum(c.seconds for c in par.cells):6.1f} s summed (local: "
+          f"{sum(c.seconds for c in seq.cells):.1f} s)")
+    print("per cell, local / ray (s): " + ", ".join(f"{a.seconds:.1f} / {b.seconds:.1f}"
+                                                   for a, b in zip(seq.cells, par.cells)))
+    print(f"metrics identical (local vs ray): {'yes' if same else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
