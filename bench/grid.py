@@ -1,23 +1,30 @@
 """Grid executors: the wall time of a 4-cell grid (2 tiny models x 2 seeds, toy-sized probes) on a local Ray cluster
 of N workers against the local executor (one cell after another), as a ratio, and Ray's per-cell overhead.
 
-Measured side by side in one process, each executor on a fresh output folder: ``python bench/grid.py [--workers N]``.
+Measured side by side in one process, each executor on a fresh output folder:
+``python bench/grid.py [--workers N] [--work K]`` (K scales the manifold probe's resampling, to make cells longer).
 Every cell uses one torch thread, so N workers use N cores. Ray's start (``ray.init``) is timed apart; the Ray run
-includes its workers' first imports (torch, transformers), which the local executor has already paid in this
-process. The per-cell overhead is the difference of the two executors on the same grid when every stage is cached
-(warm Ray workers): what Ray adds to each cell beyond the work itself.
+includes its workers' first imports (torch, transformers, TransformerLens), which the local executor paid once in
+this process before its timing (printed too, for the ratio a command line sees). The per-cell overhead is the
+difference of the two executors on the same grid when every stage is cached (warm Ray workers): what Ray adds to
+each cell beyond the work itself.
 """
 
 from __future__ import annotations
+
+import time
+
+START = time.perf_counter()  # before torch and the rest: the local executor's one-time import is timed from here
 
 import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_worker_niceness", "0")  # Ray renices its workers to 15: on a shared machine they would
+# yield to every other process, while the local executor runs at normal priority; compare like with like
 
 import torch
 import yaml
@@ -36,7 +43,7 @@ PROBES = {
 }
 
 
-def toy_grid(root: Path) -> dict:
+def toy_grid(root: Path, work: int = 1) -> dict:
     """Two tiny models (Llama with GQA, GPT-NeoX) and the toy recipes under ``root``; the grid without ``out``."""
     models = []
     for family in ("llama3", "pythia"):
@@ -44,6 +51,8 @@ def toy_grid(root: Path) -> dict:
         models.append(str(root / f"tiny-{family}"))
     recipes = []
     for name, body in PROBES.items():
+        if name == "mixed":
+            body = dict(body, **{k: v * work for k, v in body.items() if k in ("n_boot", "n_null", "n_resample")})
         (root / f"{name}.yaml").write_text(yaml.safe_dump(body))
         recipes.append(str(root / f"{name}.yaml"))
     return dict(name="bench", models=models, probes=recipes, seeds=[0, 1],
@@ -69,29 +78,35 @@ def timed(grid: dict, out: Path, **kw):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+    parser.add_argument("--work", type=int, default=1, help="scale of the manifold probe's resampling (default 1)")
     args = parser.parse_args()
     import ray
 
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="bench-grid-"))
-    grid = toy_grid(root)
+    grid = toy_grid(root, args.work)
     load_model(grid["models"][0])  # imports transformers and TransformerLens here, outside the timings
+    t_import = time.perf_counter() - START
     seq, t_seq = timed(grid, root / "local")
     start = time.perf_counter()
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 2**20)
     t_init = time.perf_counter() - start
     par, t_ray = timed(grid, root / "ray", executor="ray")
+    warm, t_warm = timed(grid, root / "ray-warm", executor="ray")  # fresh folder, workers already imported
     _, t_seq_cached = timed(grid, root / "local")
     _, t_ray_cached = timed(grid, root / "ray", executor="ray")
     ray.shutdown()
     n = len(seq.cells)
-    same = numbers(seq) == numbers(par)
-    print(f"grid: {n} cells (2 tiny models x 2 seeds), {len(PROBES)} probes each, 1 torch thread per cell; "
-          f"Ray cluster of {args.workers} CPUs")
+    same = numbers(seq) == numbers(par) == numbers(warm)
+    print(f"grid: {n} cells (2 tiny models x 2 seeds), {len(PROBES)} probes each (work x{args.work}), 1 torch "
+          f"thread per cell; Ray cluster of {args.workers} CPUs; load average {os.getloadavg()[0]:.1f} at the end")
     print(f"local executor, sequential:   {t_seq:6.1f} s ({seq.computed} stages computed)")
     print(f"ray executor, {args.workers} workers:       {t_ray:6.1f} s ({par.computed} stages computed; ray.init "
           f"{t_init:.1f} s more)")
-    print(f"speed-up sequential / ray:    {t_seq / t_ray:6.2f}x (with ray.init: {t_seq / (t_ray + t_init):.2f}x)")
+    print(f"speed-up sequential / ray:    {t_seq / t_ray:6.2f}x (as a command line sees it, the local executor's "
+          f"one import ({t_import:.1f} s) against ray.init: {(t_seq + t_import) / (t_ray + t_init):.2f}x)")
+    print(f"ray again, warm workers:      {t_warm:6.1f} s ({warm.computed} stages computed): speed-up "
+          f"{t_seq / t_warm:.2f}x")
     print(f"all cached, local / ray:      {t_seq_cached:6.2f} s / {t_ray_cached:.2f} s")
     print(f"ray overhead per cell (warm): {(t_ray_cached - t_seq_cached) / n:6.2f} s")
     print(f"cell compute inside workers:  {sum(c.seconds for c in par.cells):6.1f} s summed (local: "
