@@ -27,21 +27,10 @@ os.environ.setdefault("RAY_worker_niceness", "0")  # Ray renices its workers to 
 # yield to every other process, while the local executor runs at normal priority; compare like with like
 
 import torch
-import yaml
 
 from interp_bayes.grid import run_grid
 from interp_bayes.models import load_model
-from interp_bayes.testing import make_tiny_model
-
-PROBES = {
-    "keys": dict(kind="keys", n_null=10),
-    "mixed": dict(kind="manifold", per_bin=4, n_boot=100, n_null=30, n_resample=30),
-    "icl": dict(kind="icl", conditions=["main"], per_k=4, layers=[1], n_boot=50, n_null=10),
-    "axis": dict(kind="axis", per_k=4, layers=[1], folds=3),
-    "cut": dict(kind="interventions", per_k=4, layers=[1], layer_sets=[[1]], ops=["cut"],
-                controls={"isotropic": 1, "matched": 1}),
-}
-
+from interp_bayes.testing import TOY_PROBES, make_tiny_model, write_toy_recipes
 
 def toy_grid(root: Path, work: int = 1) -> dict:
     """Two tiny models (Llama with GQA, GPT-NeoX) and the toy recipes under ``root``; the grid without ``out``."""
@@ -49,13 +38,7 @@ def toy_grid(root: Path, work: int = 1) -> dict:
     for family in ("llama3", "pythia"):
         make_tiny_model(family, root / f"tiny-{family}")
         models.append(str(root / f"tiny-{family}"))
-    recipes = []
-    for name, body in PROBES.items():
-        if name == "mixed":
-            body = dict(body, **{k: v * work for k, v in body.items() if k in ("n_boot", "n_null", "n_resample")})
-        (root / f"{name}.yaml").write_text(yaml.safe_dump(body))
-        recipes.append(str(root / f"{name}.yaml"))
-    return dict(name="bench", models=models, probes=recipes, seeds=[0, 1],
+    return dict(name="bench", models=models, probes=write_toy_recipes(root / "probes", work), seeds=[0, 1],
                 config=dict(prompts="basic", threads=1, quiet=True))
 
 
@@ -98,7 +81,7 @@ def main() -> None:
     ray.shutdown()
     n = len(seq.cells)
     same = numbers(seq) == numbers(par) == numbers(warm)
-    print(f"grid: {n} cells (2 tiny models x 2 seeds), {len(PROBES)} probes each (work x{args.work}), 1 torch "
+    print(f"grid: {n} cells (2 tiny models x 2 seeds), {len(TOY_PROBES)} probes each (work x{args.work}), 1 torch "
           f"thread per cell; Ray cluster of {args.workers} CPUs; load average {os.getloadavg()[0]:.1f} at the end")
     print(f"local executor, sequential:   {t_seq:6.1f} s ({seq.computed} stages computed)")
     print(f"ray executor, {args.workers} workers:       {t_ray:6.1f} s ({par.computed} stages computed; ray.init "

@@ -26,15 +26,9 @@ from interp_bayes.grid import Grid, GridError, cell_resources, run_grid
 from interp_bayes.report.grid import CellView, build_grid_page, headline_rows, HEADLINES, scaling_figures
 from interp_bayes.store import stage_lock, working_in
 from interp_bayes.sweep import run_folder, run_sweep
+from interp_bayes.testing import TOY_PROBES, write_toy_recipes
 
-PROBES = {  # toy sizes: every headline kind, a few seconds per cell
-    "keys": dict(kind="keys", n_null=10),
-    "mixed": dict(kind="manifold", per_bin=4, n_boot=100, n_null=30, n_resample=30),
-    "icl": dict(kind="icl", conditions=["main"], per_k=4, layers=[1], n_boot=50, n_null=10),
-    "axis": dict(kind="axis", per_k=4, layers=[1], folds=3),
-    "cut": dict(kind="interventions", per_k=4, layers=[1], layer_sets=[[1]], ops=["cut"],
-                controls={"isotropic": 1, "matched": 1}),
-}
+PROBES = list(TOY_PROBES)  # toy sizes: every headline kind, a few seconds per cell
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
        "PYTHONUNBUFFERED": "1"}
 TIMEOUT = 300
@@ -42,10 +36,7 @@ TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory) -> list[str]:
-    folder = tmp_path_factory.mktemp("probes")
-    for name, body in PROBES.items():
-        (folder / f"{name}.yaml").write_text(yaml.safe_dump(body))
-    return [str(folder / f"{name}.yaml") for name in PROBES]
+    return write_toy_recipes(tmp_path_factory.mktemp("probes"))
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +136,14 @@ def test_unknown_executor_and_missing_ray_are_refused(make_grid, tmp_path, monke
 
 
 def test_cell_resources_follow_the_model_size():
+    import torch
+
     from interp_bayes.models import memory_needed
 
     gib = 2**30
     assert cell_resources(None, None, 2, None) == dict(num_cpus=2)
-    assert cell_resources(135_000_000, None, 1, None) == dict(num_cpus=1, memory=memory_needed(135_000_000,
-                                                                                             __import__("torch").float32))
+    assert cell_resources(135_000_000, None, 1, None) == dict(num_cpus=1,
+                                                               memory=memory_needed(135_000_000, torch.float32))
     assert cell_resources(135_000_000, None, 1, 80 * gib)["num_gpus"] == 0.25  # four small cells per GPU at most
     assert cell_resources(8_000_000_000, "bfloat16", 1, 80 * gib)["num_gpus"] == 0.25  # 16 GB of 80
     assert cell_resources(30_000_000_000, "bfloat16", 1, 80 * gib)["num_gpus"] == 1  # 60 GB: one GPU to itself
@@ -297,7 +290,7 @@ def test_two_processes_racing_on_one_cell_compute_each_stage_once(local_run, tin
         assert p.wait(TIMEOUT) == 0, "".join(lines[0] + lines[1])
         r.join()
     done = [line.split()[1] for got in lines for line in got if line.startswith("[done]")]
-    assert sorted(done) == sorted(list(PROBES)[:3])  # every stage computed exactly once, by one of the two
+    assert sorted(done) == sorted(PROBES[:3])  # every stage computed exactly once, by one of the two
     reference = next(c.folder for c in local_run.cells if c.cell.model == config.model and c.cell.seed == 0)
     mine = numbers(folder)
     assert sorted(mine) == sorted(done) and mine == {k: v for k, v in numbers(reference).items() if k in mine}
