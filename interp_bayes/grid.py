@@ -25,15 +25,11 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, InterpBayesError
+from .errors import ConfigError, GridError, InterpBayesError
 
 EXECUTORS = ("local", "ray")
 GRID_KEYS = ("name", "models", "probes", "seeds", "config", "retries")
 MAX_CELLS_PER_GPU = 4  # small models share a GPU, at most this many cells at once
-
-
-class GridError(InterpBayesError, RuntimeError):
-    """Cells of a grid that failed; the message names them and their log files."""
 
 
 @dataclass(frozen=True)
@@ -357,6 +353,7 @@ def _run_ray(cells: list[Cell], folders: list[Path], logs: list[Path], grid: Gri
     gpu_bytes = _gpu_bytes()
     sizes: dict[tuple, int | None] = {}
     pending = {}
+    cell_task = ray.remote(run_cell)
     for cell, folder, log in zip(cells, folders, logs):
         key = (cell.model, cell.revision)
         if key not in sizes:
@@ -366,8 +363,8 @@ def _run_ray(cells: list[Cell], folders: list[Path], logs: list[Path], grid: Gri
         resources = cell_resources(sizes[key], cfg.dtype, threads, gpu_bytes)
         _check_fits(cell, resources)
         config = dict(cell.config, threads=threads)  # the cell uses the CPUs it declared
-        task = ray.remote(run_cell).options(max_retries=grid.retries, retry_exceptions=False,
-                                            name=f"cell {cell.label}", **resources)
+        task = cell_task.options(max_retries=grid.retries, retry_exceptions=False, name=f"cell {cell.label}",
+                                 **resources)
         pending[task.remote(config, str(log), resources.get("num_gpus", 0) > 1)] = (cell, folder, log)
     results = {}
     try:

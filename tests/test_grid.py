@@ -21,8 +21,8 @@ import yaml
 
 from interp_bayes import cli
 from interp_bayes.config import SweepConfig
-from interp_bayes.errors import ConfigError
-from interp_bayes.grid import Grid, GridError, cell_resources, run_grid
+from interp_bayes.errors import ConfigError, GridError
+from interp_bayes.grid import Grid, cell_resources, run_cell, run_grid
 from interp_bayes.report.grid import CellView, build_grid_page, headline_rows, HEADLINES, scaling_figures
 from interp_bayes.store import stage_lock, working_in
 from interp_bayes.sweep import run_folder, run_sweep
@@ -168,10 +168,25 @@ def test_local_grid_writes_ordinary_run_folders_and_a_rerun_computes_nothing(loc
     assert set(table.model) == {str(tiny_dirs["llama3"]), str(tiny_dirs["pythia"])} and set(table.seed) == {0, 1}
 
 
+def test_a_multi_device_cell_loads_nothing_when_everything_is_cached(local_run, tmp_path):
+    first = local_run.cells[0]
+    out = run_cell(first.cell.config, str(tmp_path / "cell.log"), split=True)
+    assert out["computed"] == [] and out["folder"] == str(first.folder)
+    assert "computed nothing (all cached)" in (tmp_path / "cell.log").read_text()
+
+
 def test_ray_reuses_cells_finished_locally(local_run, make_grid, ray_session):
     again = run_grid(make_grid(Path(local_run.cells[0].cell.config["out"])), executor="ray", quiet=True)
     assert again.computed == 0 and all(c.error is None for c in again.cells)
     assert [c.folder for c in again.cells] == [c.folder for c in local_run.cells]
+
+
+def test_a_cell_no_ray_node_can_take_is_refused_before_any_runs(make_grid, ray_session, tmp_path):
+    grid = make_grid(tmp_path)
+    grid["config"]["threads"] = 3  # the session has 2 CPUs
+    with pytest.raises(GridError, match=r"needs 3 CPUs but the largest Ray node offers 2; use a bigger node"):
+        run_grid(grid, executor="ray", quiet=True)
+    assert not list(tmp_path.glob("*/*/probes"))
 
 
 def test_killed_ray_worker_is_retried_and_the_grid_matches_the_local_run(local_run, make_grid, ray_session,
