@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/extract.py $(ARGS)
 	$(PY) bench/windtunnel.py
 	$(PY) bench/dynamics.py
+	$(PY) bench/grid.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -148,6 +148,8 @@ COMMANDS = {
     "dynamics": ("Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
                  (".dynamics.cli", "add_dynamics_arguments"), _run_module(".dynamics.cli", "dynamics_main")),
     "models": ("list the registry's model aliases", None, _models),
+    "grid": ("run many sweeps (models x revisions x seeds) locally or on Ray, and build the grid page",
+             (".grid", "add_grid_arguments"), _run_module(".grid", "grid_main")),
 }
 
 

@@ -31,3 +31,8 @@ class InterventionError(InterpBayesError, ValueError):
 
 class ConfigError(InterpBayesError, ValueError):
     """A configuration file, flag or parameter the toolkit does not understand."""
+
+
+class GridError(InterpBayesError, RuntimeError):
+    """Cells of a grid that failed (or that no node of the cluster can take); the message names them and their logs."""
+

@@ -26,7 +26,7 @@ from .errors import ConfigError, InterpBayesError
 from .kinds import Kind, Params, get_kind
 from .prompts import package_data_dir
 from .results import Row, write_rows
-from .store import atomic_write_text, content_key, environment, read_json, write_json
+from .store import atomic_write_text, content_key, environment, read_json, stage_lock, working_in, write_json
 
 PROBES_DIR = package_data_dir("probes")
 
@@ -350,34 +350,36 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     folder.mkdir(parents=True, exist_ok=True)
     run = Run(folder, config)
     say = (lambda *_: None) if config.quiet else print
-    atomic_write_text(folder / "config.yaml", config.to_yaml())
-    write_json(folder / "run.json", dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes]))
-    if not (folder / "env.json").exists():
-        write_json(folder / "env.json", environment(config.seed))
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    for stale in folder.rglob(".*.*"):  # temp files of atomic writes a killed run left behind
-        if stale.is_file():
-            stale.unlink()
-    ctx = Context(folder, config, say, model)
-    ctx.layers(None)  # a layer out of range is refused before anything runs
-    finished = 0
-    try:
-        for probe in probes:
-            pfolder = folder / "probes" / probe.name
-            if probe.name not in redo and _cached(pfolder, probe):
-                say(f"[cached] {probe.name}")
+    with working_in(folder):  # other processes may work on this cell too (stale temp files are removed first)
+        atomic_write_text(folder / "config.yaml", config.to_yaml())
+        write_json(folder / "run.json", dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes]))
+        if not (folder / "env.json").exists():
+            write_json(folder / "env.json", environment(config.seed))
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        ctx = Context(folder, config, say, model)
+        ctx.layers(None)  # a layer out of range is refused before anything runs
+        finished = 0
+        try:
+            for probe in probes:
+                pfolder = folder / "probes" / probe.name
+                # under the stage's lock, so that a second process on this cell waits and then finds it cached
+                with stage_lock(folder, f"probe-{probe.name}",
+                                lambda: say(f"[waiting] {probe.name}: another process is computing it")):
+                    cached = probe.name not in redo and _cached(pfolder, probe)
+                    if not cached:
+                        _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
                 finished += 1
-            else:
-                _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
-                finished += 1
-                run.computed.append(probe.name)
+                if cached:
+                    say(f"[cached] {probe.name}")
+                else:
+                    run.computed.append(probe.name)
+                    _views(folder)
+            if not run.computed and not (folder / "report.html").exists():
                 _views(folder)
-        if not run.computed and not (folder / "report.html").exists():
-            _views(folder)
-    except KeyboardInterrupt:
-        _views(folder)  # the report shows what finished (the interrupt may have cut a rebuild short)
-        raise SweepInterrupted(finished, len(probes), folder) from None
+        except KeyboardInterrupt:
+            _views(folder)  # the report shows what finished (the interrupt may have cut a rebuild short)
+            raise SweepInterrupted(finished, len(probes), folder) from None
     return run
 
 
@@ -421,6 +423,7 @@ def _views(folder: Path) -> None:
     from .report.view import RunView
     from .results import to_csv
 
-    atomic_write_text(folder / "results.csv", to_csv(RunView.load(folder).rows()))
-    build_report(folder)
+    with stage_lock(folder, "views"):  # a concurrent process's rebuild cannot overwrite this one with older rows
+        atomic_write_text(folder / "results.csv", to_csv(RunView.load(folder).rows()))
+        build_report(folder)
 
