@@ -313,3 +313,16 @@ def test_windtunnel_probe_on_the_packaged_bijection_model(tiny_dirs, tmp_path):
     assert len(select(rows, "key_orthogonality")) == 2
     page = (run.folder / "report.html").read_text()
     assert "fig-windtunnel-calibration-wt" in page and "fig-windtunnel-geometry-wt" in page
+
+
+def test_quiet_silences_every_bar(tiny_dirs, tmp_path):
+    probes = write_probes(tmp_path / "p", {"keys.yaml": SMALL_PROBES["keys.yaml"],
+                                           "mixed.yaml": SMALL_PROBES["mixed.yaml"]})
+    cmd = [sys.executable, "-m", "interp_bayes.cli", "sweep", "--model", str(tiny_dirs["gpt2"]), "--out",
+           str(tmp_path / "runs"), "--prompts", "basic", "--probes", *probes]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    loud = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert loud.returncode == 0 and "it/s" in loud.stderr + loud.stdout  # the bars exist without --quiet
+    quiet = subprocess.run(cmd + ["--quiet", "--redo", "mixed"], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert quiet.returncode == 0 and "it/s" not in quiet.stderr + quiet.stdout and "%|" not in quiet.stderr
