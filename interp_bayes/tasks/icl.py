@@ -96,8 +96,19 @@ class SULATask:
             raise ValueError(f"Labels {pair} are not single tokens in this tokenizer; use SULATask.for_tokenizer().")
         return [i[0] for i in ids]
 
+    def render(self, carriers, labels, query: str, condition: str = "main") -> str:
+        """The prompt text for ``carriers[i]`` labelled ``labels[i]`` (0 or 1: which word of the pair), then
+        ``query``; masking follows ``condition``. The one place the SULA format is written."""
+        pair = self.remap_labels if condition == "remap" else self.labels
+        shown = [MASK if condition == "label_masked" else pair[i] for i in labels]
+        words = [MASK if condition == "carrier_masked" else w for w in carriers]
+        examples = ", ".join(f"{c}: {lab}" for c, lab in zip(words, shown))
+        return f"{examples}. {query}:" if len(carriers) else f"{query}:"
+
     def generate(self, condition: str = "main", seed: int = 42) -> dict[str, list]:
-        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, condition) of one prompt set.
+        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, condition, carriers, example_labels, query) of
+        one prompt set; ``carriers``, ``example_labels`` (0 or 1 per example) and ``query`` are the draws the text
+        is rendered from (``render``), unmasked.
 
         The draws (latent, carriers, example labels) depend only on ``seed``, not on the condition, so the
         conditions are paired prompt by prompt.
@@ -105,9 +116,8 @@ class SULATask:
         if condition not in CONDITIONS:
             raise ValueError(f"Unknown SULA condition '{condition}'; choose from {', '.join(CONDITIONS)}.")
         rng = as_rng(seed)
-        pair = self.remap_labels if condition == "remap" else self.labels
         cols: dict[str, list] = {c: [] for c in ("text", "k", "n1", "n2", "latent", "p_label1", "bayes_entropy",
-                                                 "condition")}
+                                                 "condition", "carriers", "example_labels", "query")}
         for k in self.ks:
             for _ in range(self.per_k):
                 latent = int(rng.integers(2))
@@ -120,13 +130,12 @@ class SULATask:
                     p1 = 0.5  # labels independent of y, or hidden: the prior
                 else:
                     p1 = float(posterior_label1(n1, k - n1, self.alpha))
-                shown = [MASK if condition == "label_masked" else pair[i] for i in idx]
-                carriers = [MASK if condition == "carrier_masked" else CARRIERS[w] for w in words[:k]]
-                examples = ", ".join(f"{c}: {lab}" for c, lab in zip(carriers, shown))
-                query = CARRIERS[words[k]]
-                cols["text"].append(f"{examples}. {query}:" if k else f"{query}:")
+                carriers, query = [CARRIERS[w] for w in words[:k]], CARRIERS[words[k]]
+                cols["text"].append(self.render(carriers, idx, query, condition))
                 for key, val in (("k", k), ("n1", n1), ("n2", k - n1), ("latent", latent), ("p_label1", p1),
-                                 ("bayes_entropy", float(binary_entropy_bits(p1))), ("condition", condition)):
+                                 ("bayes_entropy", float(binary_entropy_bits(p1))), ("condition", condition),
+                                 ("carriers", carriers), ("example_labels", [int(i) for i in idx]),
+                                 ("query", query)):
                     cols[key].append(val)
         return cols
 
