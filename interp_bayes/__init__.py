@@ -13,7 +13,7 @@ _EXPORTS = {
     "confounds": ["nuisance_covariates", "partial_correlation", "residualize"],
     "decoding": ["DecodingCurve", "decoding_curve"],
     "errors": ["InterpBayesError", "ModelLoadError", "ModelNotFoundError", "NonFiniteActivationError",
-               "PromptError"],
+               "PromptError", "UnsupportedModelError"],
     "extract": ["Activations", "collect", "entropy_bits"],
     "geometry": ["attention_focusing", "key_orthogonality", "manifold_report", "manifold_summary", "pca",
                  "participation_ratio"],

@@ -31,3 +31,7 @@ class InterventionError(InterpBayesError, ValueError):
 
 class ConfigError(InterpBayesError, ValueError):
     """A configuration file, flag or parameter the toolkit does not understand."""
+
+
+class UnsupportedModelError(InterpBayesError, ValueError):
+    """A model that lacks a part an analysis needs (e.g. a final norm with a scale hook, an MLP)."""

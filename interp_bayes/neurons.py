@@ -36,6 +36,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .errors import UnsupportedModelError
 from .geometry import CI_LEVEL, as_float64, correlations
 from .tidy import row
 
@@ -185,22 +186,30 @@ def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[
 
 
 def _prepare(model, prompts, batch_size):
-    from .extract import length_batches, tokenize
+    """Token ids (the checkpoint's own tokenizer) and their length buckets; refuses models without the hooks."""
+    from .extract import _check_prompts, length_batches, tokenize
 
+    if SCALE_HOOK not in model.hook_dict:
+        raise UnsupportedModelError(f"This model has no '{SCALE_HOOK}' hook (no final LayerNorm or RMSNorm); the "
+                                    "final-norm analyses need one.")
     token_ids = tokenize(model, prompts)
-    if not token_ids or not all(token_ids):
-        from .errors import PromptError
-
-        raise PromptError("Every prompt needs at least one token; remove empty prompts.")
-    return token_ids, list(length_batches(token_ids, batch_size or max(1, TOKENS_PER_BATCH // max(map(len, token_ids)))))
+    _check_prompts(token_ids, prompts, model.cfg.n_ctx)
+    if batch_size:
+        return token_ids, list(length_batches(token_ids, batch_size))
+    chunks = []  # equal-length buckets, cut to about TOKENS_PER_BATCH tokens each
+    for b in length_batches(token_ids, None):
+        size = max(1, TOKENS_PER_BATCH // len(token_ids[b[0]]))
+        chunks += [b[s:s + size] for s in range(0, len(b), size)]
+    return token_ids, chunks
 
 
 @torch.no_grad()
 def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[int] | None = None,
-                   batch_size: int | None = None) -> dict:
+                   batch_size: int | None = None, keep_head_inputs: bool = False) -> dict:
     """One clean pass: per prompt the final position's norm scale, entropy (bits, full vocabulary) and, with
     ``label_tokens``, the renormalised label entropy; the mean activation of every neuron of ``layer``'s MLP over all
-    positions (the mean-ablation values); per-prompt position-level entropy, loss and scale."""
+    positions (the mean-ablation values); per-prompt position-level entropy, loss and scale. ``keep_head_inputs``
+    also keeps, per batch, the final residual (``ln_final.hook_in``) and ``layer``'s MLP activations."""
     token_ids, batches = _prepare(model, prompts, batch_size)
     device = next(model.parameters()).device
     idx = _layer(model, layer)
@@ -216,7 +225,7 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
             return t.clone() if name == "scale" else None  # the scale goes through the edit path (module docstring)
         return hook
 
-    hooks = [(SCALE_HOOK, keep("scale")), (POST_HOOK.format(layer=idx), keep("post"))]
+    hooks = [(SCALE_HOOK, keep("scale")), (POST_HOOK.format(layer=idx), keep("post")), ("ln_final.hook_in", keep("resid"))]
     with _quiet_scale_edits(), model.hooks(fwd_hooks=hooks):
         for b in batches:
             ids = torch.tensor([token_ids[i] for i in b], device=device)
@@ -231,6 +240,8 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
                     lp = stats["label_logprobs"][j].double()
                     out["label_entropy"][i] = float(-(lp.exp() * lp).sum() / LN2)
             out.setdefault("scale_tensors", []).append(seen["scale"].clone())
+            if keep_head_inputs:
+                out.setdefault("head_inputs", []).append((seen["resid"].clone(), seen["post"].clone()))
     out["means"] = as_float64(post_sum / count)
     out["final_scale"] = np.array([s[-1] for s in out["scale"]])
     out["final_entropy"] = np.array([h[-1] for h in out["entropy"]])
@@ -247,33 +258,70 @@ def _ablate(neurons: Sequence[int], values: torch.Tensor):
     return hook
 
 
+def _head(model, resid: torch.Tensor, scale_hook) -> torch.Tensor:
+    """Logits from a final residual through the model's own final norm (its scale via ``scale_hook``) and
+    unembedding: what the model computes after its last block."""
+    with model.hooks(fwd_hooks=[(SCALE_HOOK, scale_hook)]):
+        return model.unembed(model.ln_final(resid))
+
+
+@dataclass
+class AblationEffects:
+    """Per neuron, per prompt: summed changes ``{total,direct}_{entropy,loss,final}`` (bits) from mean ablation, and
+    how they were computed: ``head`` (final norm and unembedding rerun on the edited residual) or ``full`` passes."""
+
+    per_neuron: dict[int, dict[str, np.ndarray]]
+    path: str
+
+
 @torch.no_grad()
 def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1, clean: dict | None = None,
-                     batch_size: int | None = None, progress: bool = True) -> dict[int, dict]:
+                     batch_size: int | None = None, progress: bool = True) -> AblationEffects:
     """Mean-ablate each neuron of ``neurons`` alone; per neuron and per prompt, the summed change of entropy over all
     positions, of the loss over positions with a next token and of the final position's entropy, for the ``total``
     run and the ``direct`` run (final-norm scale frozen at its clean value). ``clean`` is ``final_norm_run``'s
-    output for the same prompts (computed when absent)."""
+    output for the same prompts (computed when absent).
+
+    In the last layer the neuron writes straight into the final residual, so the ablated residual is the clean one
+    plus (mean - activation) w_out and only the final norm and unembedding are rerun (a full hooked forward pass
+    checks that shortcut on the first batch, and every pass is a full one if it does not hold, as for a model with a
+    norm after its MLP). Other layers rerun the whole model with the ablation hooked on ``hook_post``."""
     from tqdm.auto import tqdm
 
     idx = _layer(model, layer)
-    clean = clean or final_norm_run(model, prompts, layer=idx, batch_size=batch_size)
+    last = idx == model.cfg.n_layers - 1
+    if clean is None or (last and "head_inputs" not in clean):
+        clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size, keep_head_inputs=last)
     token_ids, batches = clean["token_ids"], clean["batches"]
     device = next(model.parameters()).device
     means = torch.tensor(clean["means"], device=device)
+    w_out = model.blocks[idx].mlp.W_out.detach()  # [d_mlp, d_model]
     n = len(token_ids)
     out = {int(j): {f"{cond}_{m}": np.zeros(n) for cond in ("total", "direct") for m in ("entropy", "loss", "final")}
            for j in neurons}
+    head_only = last
     bar = tqdm(total=len(neurons) * len(batches), desc="ablations", disable=not progress)
     with _quiet_scale_edits():
-        for b, frozen in zip(batches, clean["scale_tensors"]):
+        for step, (b, frozen) in enumerate(zip(batches, clean["scale_tensors"])):
             ids = torch.tensor([token_ids[i] for i in b], device=device)
             for j in neurons:
                 ablate = (POST_HOOK.format(layer=idx), _ablate([j], means[[j]]))
-                for cond, hooks in (("total", [ablate, (SCALE_HOOK, lambda t, hook: t.clone())]),
-                                    ("direct", [ablate, (SCALE_HOOK, lambda t, hook, s=frozen: s.clone())])):
-                    with model.hooks(fwd_hooks=hooks):
-                        stats = _batch_stats(model(ids), ids, None)
+                for cond, scale_hook in (("total", lambda t, hook: t.clone()),
+                                         ("direct", lambda t, hook, s=frozen: s.clone())):
+                    full = None
+                    if not head_only or step == 0:
+                        with model.hooks(fwd_hooks=[ablate, (SCALE_HOOK, scale_hook)]):
+                            full = model(ids)
+                    if head_only:
+                        resid, post = clean["head_inputs"][step]
+                        delta = (means[j] - post[..., j])[..., None] * w_out[j].to(post.dtype)
+                        logits = _head(model, resid + delta, scale_hook)
+                        if full is not None and not torch.allclose(logits, full, rtol=1e-4, atol=1e-4):
+                            head_only = False  # the shortcut does not hold for this model: full passes from now on
+                            logits = full
+                    else:
+                        logits = full
+                    stats = _batch_stats(logits, ids, None)
                     for r, i in enumerate(b):
                         dh = as_float64(stats["entropy"][r]) - clean["entropy"][i]
                         out[int(j)][f"{cond}_entropy"][i] = dh.sum()
@@ -281,7 +329,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                         out[int(j)][f"{cond}_loss"][i] = (as_float64(stats["loss"][r]) - clean["loss"][i]).sum()
                 bar.update(1)
     bar.close()
-    return out
+    return AblationEffects(out, "head" if head_only else "full")
 
 
 def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng) -> tuple[float, list[float]]:
@@ -294,7 +342,7 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng) -> tuple[float
     return float(num.sum() / max(den.sum(), 1)), [float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))]
 
 
-def summarize_effects(effects: dict, clean: dict, *, n_boot: int = 1000, seed: int = 0) -> dict[int, dict]:
+def summarize_effects(effects: AblationEffects, clean: dict, *, n_boot: int = 1000, seed: int = 0) -> dict[int, dict]:
     """Per neuron: mean change per token (entropy, loss) or per prompt (final entropy), total / direct / mediated,
     with bootstrap intervals over prompts, and the fraction of the loss and entropy effect mediated by the norm,
     1 - |direct| / |total| (Stolfo et al.)."""
@@ -302,7 +350,7 @@ def summarize_effects(effects: dict, clean: dict, *, n_boot: int = 1000, seed: i
     counts = dict(entropy=np.array([len(h) for h in clean["entropy"]], dtype=float),
                   loss=np.array([len(x) for x in clean["loss"]], dtype=float), final=np.ones(len(clean["entropy"])))
     out = {}
-    for j, e in effects.items():
+    for j, e in effects.per_neuron.items():
         s = {}
         for m in ("entropy", "loss", "final"):
             for cond in ("total", "direct"):
@@ -335,6 +383,7 @@ class EntropyNeuronReport:
     distribution: dict  # quantiles of each score over all neurons
     n_prompts: int
     n_tokens: int
+    ablation_path: str  # "head" or "full" (``AblationEffects``)
     scores: dict = field(default_factory=dict, repr=False)  # score -> [d_mlp] list
 
     def group(self, key: str) -> dict:
@@ -386,10 +435,11 @@ def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random
     rng = np.random.default_rng(seed)
     rest = np.setdiff1d(np.arange(len(order)), cands)
     rand = sorted(rng.choice(rest, size=min(n_random, len(rest)), replace=False).tolist())
-    clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size)
-    effects = summarize_effects(ablation_effects(model, prompts, cands + rand, layer=idx, clean=clean,
-                                                 batch_size=batch_size, progress=progress), clean,
-                                n_boot=n_boot, seed=seed)
+    clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size,
+                           keep_head_inputs=idx == model.cfg.n_layers - 1)
+    ablations = ablation_effects(model, prompts, cands + rand, layer=idx, clean=clean, batch_size=batch_size,
+                                 progress=progress)
+    effects = summarize_effects(ablations, clean, n_boot=n_boot, seed=seed)
 
     def describe(j: int) -> dict:
         d = dict(neuron=int(j), **{s: float(v[j]) for s, v in scores.items()},
@@ -401,7 +451,7 @@ def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random
                     q975=float(np.quantile(v, 0.975)), max=float(v.max())) for s, v in scores.items()}
     return EntropyNeuronReport(layer=idx, null_space=null.summary(), candidates=[describe(j) for j in cands],
                                random=[describe(j) for j in rand], distribution=dist, n_prompts=len(clean["token_ids"]),
-                               n_tokens=int(sum(map(len, clean["token_ids"]))),
+                               n_tokens=int(sum(map(len, clean["token_ids"]))), ablation_path=ablations.path,
                                scores={s: v.tolist() for s, v in scores.items()})
 
 

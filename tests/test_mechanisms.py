@@ -85,7 +85,7 @@ def test_comparison_neuron_ablation_equals_the_ablation_runner(tiny_dirs):
     out = compare_mechanisms(model, TEXTS, neurons=[5], axis=axis, task=task, label_tokens=labels, n_controls=3,
                              progress=False)
     true = next(e for e in out.edits if e["mechanism"] == "entropy_neurons" and e["kind"] == "true")
-    effects = ablation_effects(model, TEXTS, [5], progress=False)[5]
+    effects = ablation_effects(model, TEXTS, [5], progress=False).per_neuron[5]
     assert true["d_full_entropy"] == pytest.approx(effects["total_final"].mean(), abs=1e-5)
     assert {s["mechanism"] for s in out.summary} == {"entropy_neurons", "axis_cut"}
     assert {s["metric"] for s in out.summary} >= {"d_entropy", "kl_bits", "d_mae_k_ge_1", "d_corr_bayes"}

@@ -80,7 +80,9 @@ def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny_dirs, fami
     model = load64(tiny_dirs[family])
     neurons = [3, 50, 101]
     clean = final_norm_run(model, TEXTS)
-    effects = ablation_effects(model, TEXTS, neurons, clean=clean, progress=False)
+    ablations = ablation_effects(model, TEXTS, neurons, clean=clean, progress=False)
+    assert ablations.path == "head"  # the last layer: only the head reruns, checked against a full pass
+    effects = ablations.per_neuron
     w_out = model.blocks[-1].mlp.W_out.detach().double().numpy()
     caches = [model.run_with_cache(torch.tensor([ids]))[1] for ids in clean["token_ids"]]
     post = np.concatenate([c["blocks.1.mlp.hook_post"][0].double().numpy() for c in caches])
@@ -113,7 +115,7 @@ def test_an_ablation_that_changes_nothing_has_exactly_zero_effect(tiny_dirs):
         mlp = model.blocks[-1].mlp
         for name in ("gate", "in"):
             getattr(mlp, name).original_component.weight[7] = 0.0
-    effects = ablation_effects(model, TEXTS, [7], progress=False)
+    effects = ablation_effects(model, TEXTS, [7], progress=False).per_neuron
     for key, v in effects[7].items():
         assert np.all(v == 0.0), key
 
@@ -145,6 +147,7 @@ def test_planted_null_space_neuron_is_ranked_first(tiny_dirs, family):
     set_w_out(model, -1, 40, torch.tensor(v * size, dtype=torch.float32))
     set_w_out(model, -1, 90, torch.tensor(top * size * 1.5, dtype=torch.float32))  # larger, but seen by the logits
     report = entropy_neurons(model, TEXTS, top_n=3, n_random=3, n_boot=100, progress=False)
+    assert report.ablation_path == "head"
     first = report.candidates[0]
     assert first["neuron"] == 40 and first["rho"] > 0.999 and first["percentile"]["null_norm"] == 1.0
     assert neuron_scores(model)["rho"][90] < 0.01  # the bigger decoy writes where the logits see it
@@ -172,3 +175,45 @@ def test_frequency_neuron_planted_along_the_frequency_direction_is_found(tiny_di
     assert out["top"][0]["neuron"] == 17
     assert out["top"][0]["r"] == pytest.approx(out["ceiling_r"], abs=1e-6)
     assert out["top"][0]["r"] > out["null_range"][1]
+
+
+def test_bad_input_raises_one_sentence_errors(tiny_dirs):
+    from interp_bayes.errors import PromptError
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs["gpt2"])
+    with pytest.raises(PromptError, match="more than the model's context"):
+        final_norm_run(model, [[5] * 300])
+    with pytest.raises(ValueError, match="out of range"):
+        neuron_scores(model, layer=5)
+
+
+@pytest.mark.parametrize("fam", ["gpt2", "pythia"])
+def test_full_pass_ablation_of_an_earlier_layer_equals_a_weight_edit(tiny_dirs, fam):
+    """Layer 0 of 2: the ablation changes what layer 1 computes, so whole hooked passes run. Reference: a copy whose
+    MLP output weights drop the neuron and whose bias adds mean * w_out (the same function, edited in the weights),
+    read through the closed-form head with the real scale (total) or the clean scale (direct)."""
+    model, edited = load64(tiny_dirs[fam]), load64(tiny_dirs[fam])
+    j = 11
+    clean = final_norm_run(model, TEXTS, layer=0)
+    ablations = ablation_effects(model, TEXTS, [j], layer=0, clean=clean, progress=False)
+    assert ablations.path == "full"
+    effects = ablations.per_neuron[j]
+    out = edited.blocks[0].mlp.out.original_component
+    with torch.no_grad():
+        w = edited.blocks[0].mlp.W_out[j].detach().clone()
+        if isinstance(out, torch.nn.Linear):
+            out.weight[:, j] = 0.0
+        else:
+            out.weight[j] = 0.0
+        out.bias += clean["means"][j] * w
+    for i, ids in enumerate(clean["token_ids"]):
+        _, cache = edited.run_with_cache(torch.tensor([ids]))
+        x = cache["ln_final.hook_in"][0].double().numpy()
+        h0, l0 = entropy_and_loss(closed_form_logits(model, model.run_with_cache(torch.tensor([ids]))[1]
+                                                     ["ln_final.hook_in"][0].double().numpy(), None), ids)
+        h_tot, l_tot = entropy_and_loss(closed_form_logits(model, x, None), ids)
+        h_dir, _ = entropy_and_loss(closed_form_logits(model, x, clean["scale"][i]), ids)
+        assert effects["total_entropy"][i] == pytest.approx((h_tot - h0).sum(), abs=1e-9)
+        assert effects["total_loss"][i] == pytest.approx((l_tot - l0).sum(), abs=1e-9)
+        assert effects["direct_entropy"][i] == pytest.approx((h_dir - h0).sum(), abs=1e-9)
