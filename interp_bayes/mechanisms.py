@@ -63,7 +63,7 @@ def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=
     ``label_tokens`` when given): raw, and partial on ``covariates`` with a permutation null within ``strata``."""
     from .confounds import partial_correlation
 
-    clean = clean or final_norm_run(model, prompts, label_tokens=label_tokens, batch_size=batch_size)
+    clean = clean or final_norm_run(model, prompts, label_tokens=label_tokens, batch_size=batch_size, final_only=True)
     out = dict(n=len(clean["final_scale"]), scale_mean=float(clean["final_scale"].mean()),
                scale_sd=float(clean["final_scale"].std(ddof=1)))
     targets = dict(entropy=clean["final_entropy"])
@@ -133,7 +133,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
 
     idx = _layer(model, neuron_layer)
     neurons = [int(j) for j in neurons]
-    clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size)
+    clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size, final_only=True)
     means = torch.tensor(clean["means"], device=next(model.parameters()).device)
     rng = np.random.default_rng(seed)
     rest = np.setdiff1d(np.arange(len(clean["means"])), neurons)

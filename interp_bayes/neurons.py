@@ -205,11 +205,12 @@ def _prepare(model, prompts, batch_size):
 
 @torch.no_grad()
 def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[int] | None = None,
-                   batch_size: int | None = None, keep_head_inputs: bool = False) -> dict:
+                   batch_size: int | None = None, keep_head_inputs: bool = False, final_only: bool = False) -> dict:
     """One clean pass: per prompt the final position's norm scale, entropy (bits, full vocabulary) and, with
     ``label_tokens``, the renormalised label entropy; the mean activation of every neuron of ``layer``'s MLP over all
     positions (the mean-ablation values); per-prompt position-level entropy, loss and scale. ``keep_head_inputs``
-    also keeps, per batch, the final residual (``ln_final.hook_in``) and ``layer``'s MLP activations."""
+    also keeps, per batch, the final residual (``ln_final.hook_in``) and ``layer``'s MLP activations;
+    ``final_only`` unembeds the final position alone (entropy there, no loss), which is all most callers need."""
     token_ids, batches = _prepare(model, prompts, batch_size)
     device = next(model.parameters()).device
     idx = _layer(model, layer)
@@ -229,7 +230,8 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
     with _quiet_scale_edits(), model.hooks(fwd_hooks=hooks):
         for b in batches:
             ids = torch.tensor([token_ids[i] for i in b], device=device)
-            stats = _batch_stats(model(ids), ids, labels)
+            stats = _batch_stats(model(ids, logits_to_keep=1) if final_only else model(ids),
+                                 ids[:, -1:] if final_only else ids, labels)
             post_sum = post_sum + seen["post"].double().sum(dim=(0, 1))
             count += seen["post"].shape[0] * seen["post"].shape[1]
             for j, i in enumerate(b):

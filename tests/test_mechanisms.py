@@ -59,6 +59,9 @@ def test_final_norm_readings_equal_the_cache_and_collect(tiny_dirs):
     model = load_model(tiny_dirs["pythia"])
     labels = model.tokenizer(" dax lug")["input_ids"][-2:]
     clean = final_norm_run(model, TEXTS, label_tokens=labels)
+    final = final_norm_run(model, TEXTS, label_tokens=labels, final_only=True)  # unembeds the last position alone
+    for key in ("final_entropy", "final_scale", "label_entropy", "means"):
+        np.testing.assert_allclose(final[key], clean[key], rtol=1e-5, atol=1e-6)
     acts = collect(model, TEXTS, readings=(), progress=False)
     np.testing.assert_allclose(clean["final_entropy"], acts.entropy.double().numpy(), atol=1e-4)
     label_acts = collect(model, TEXTS, readings=(), label_tokens=labels, progress=False)
