@@ -17,7 +17,8 @@ outcomes. Per context:
   a fresh query; m is the average prediction at the new query over ``n_draws`` draws. The gap is
   KL(m || today's prediction) in bits (finite: m never puts mass where an exact predictor has none), with the
   total-variation distance and the drift of today's top outcome, m[top] - p[top] (> 0: the predictor grows more
-  confident in its own guess than its own predictive justifies).
+  confident in its own guess than its own predictive justifies). Beside it the floor: the same KL for the fresh
+  queries without the new example, what the query change alone does.
 
 SULA (``tasks/icl.py``): the examples are (carrier word, label) pairs and the query is a word. What the model
 outputs at the query is its predictive for the *next label*, and under the task's model that label equals the
@@ -199,12 +200,22 @@ def order_sensitivity(predict: Predictor, contexts: Sequence[Context], *, n_perm
     return dict(js_bits=js, top_sd=sd, n_orders=np.array([len(os) for os in orders]))
 
 
+def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """KL(m || p) per row in bits, >= 0 (a negative value is rounding)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kl = np.where(m > 0, m * (np.log(m) - np.log(p)), 0.0).sum(-1) / LN2
+    return np.maximum(kl, 0.0)
+
+
 def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: ExchangeableTask, *, n_draws: int = 4,
                    seed: int = 0) -> dict[str, np.ndarray]:
     """Per context: KL(m || p) in bits, the total variation |m - p|_1 / 2 and the top-outcome drift m[top] - p[top],
     where p is today's prediction and m the mean prediction after one more example drawn from the predictor's own
-    predictive (see the module docstring). The random draws depend only on ``seed`` and the contexts, never on the
-    predictor, so two predictors see the same draws (common random numbers)."""
+    predictive (see the module docstring); and the floor, KL(m0 || p) with m0 the mean prediction for the same fresh
+    queries without the new example: what changing the query alone does (0 where the query stays, as in the
+    bijection; for SULA the model's sensitivity to the query word, which no martingale argument covers). The random
+    draws depend only on ``seed`` and the contexts, never on the predictor, so two predictors see the same draws
+    (common random numbers)."""
     rng = np.random.default_rng(seed)
     draws = [(i, *setup.next_inputs(c, rng), rng.random()) for i, c in enumerate(contexts) for _ in range(n_draws)]
     p = predict(contexts)  # [n, n_outcomes]
@@ -217,14 +228,13 @@ def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: Excha
             nexts.append(Context(contexts[i].examples + ((x, o),), query))
             weights.append(q[o] if setup.enumerate_outcomes else 1.0)
             owner.append(i)
-    after = predict(nexts) * (np.array(weights) / n_draws)[:, None]
-    m = np.zeros_like(p)
-    np.add.at(m, np.array(owner), after)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        kl = np.where(m > 0, m * (np.log(m) - np.log(p)), 0.0).sum(-1) / LN2
-    top = p.argmax(-1)
-    rows = np.arange(len(p))
-    return dict(kl_bits=kl, tv=0.5 * np.abs(m - p).sum(-1), drift_top=m[rows, top] - p[rows, top])
+    m, m0 = np.zeros_like(p), np.zeros_like(p)
+    np.add.at(m, np.array(owner), predict(nexts) * (np.array(weights) / n_draws)[:, None])
+    np.add.at(m0, np.array([i for i, *_ in draws]),
+              predict([Context(contexts[i].examples, query) for i, _, query, _ in draws]) / n_draws)
+    top, rows = p.argmax(-1), np.arange(len(p))
+    return dict(kl_bits=_kl_bits(m, p), tv=0.5 * np.abs(m - p).sum(-1), drift_top=m[rows, top] - p[rows, top],
+                kl_floor_bits=_kl_bits(m0, p))
 
 
 def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, list[float]]:
@@ -234,8 +244,9 @@ def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[floa
 
 
 ORDER_STATS = ("js_bits", "top_sd")
-GAP_STATS = ("kl_bits", "tv", "drift_top")
-UNITS = dict(js_bits="bits", top_sd="probability", kl_bits="bits", tv="probability", drift_top="probability")
+GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_floor_bits")
+UNITS = dict(js_bits="bits", top_sd="probability", kl_bits="bits", tv="probability", drift_top="probability",
+             kl_floor_bits="bits")
 
 
 @dataclass

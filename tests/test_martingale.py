@@ -52,6 +52,7 @@ def test_the_exact_bayesian_predictor_has_no_order_effect_and_gap_zero():
             assert entry["js_bits"]["mean"] < 1e-12 and entry["top_sd"]["mean"] < 1e-12
     gap = martingale_gap(SETUP.exact, contexts, SETUP, n_draws=3, seed=1)
     assert np.abs(gap["kl_bits"]).max() < 1e-12 and np.abs(gap["drift_top"]).max() < 1e-12
+    assert gap["kl_floor_bits"].max() < 1e-12
 
 
 def test_a_permutation_invariant_non_bayesian_predictor_has_the_closed_form_gap():
@@ -62,6 +63,7 @@ def test_a_permutation_invariant_non_bayesian_predictor_has_the_closed_form_gap(
     m1 = 0.9 * 81 / 82 + 0.1 * 0.5
     assert gap["kl_bits"][0] == pytest.approx(kl_bits([m1, 1 - m1], [0.9, 0.1]), rel=1e-12)
     assert gap["drift_top"][0] == pytest.approx(m1 - 0.9, rel=1e-12) and gap["drift_top"][0] > 0.03
+    assert gap["kl_floor_bits"][0] == 0.0  # the query word does not matter to it
     contexts = sula_contexts(TASK, seed=3, ks=(1, 2))
     report = martingale_test(None, SETUP, contexts, predictor=latent_posterior, n_null=5, n_boot=200)
     for entry in report.per_k:
@@ -77,6 +79,17 @@ def test_an_order_dependent_predictor_has_the_closed_form_spread():
     assert out["n_orders"][0] == 2
     assert out["js_bits"][0] == pytest.approx(h(0.5) - h(0.8), rel=1e-12)  # orders predict 0.8 and 0.2
     assert out["top_sd"][0] == pytest.approx(0.3, rel=1e-12)
+
+
+def test_the_floor_measures_what_the_query_word_alone_does():
+    def word_sensitive(contexts):  # ignores the examples, follows the query word's first letter
+        p = np.array([0.7 if c.query[0] < "m" else 0.3 for c in contexts])
+        return np.column_stack([p, 1 - p])
+
+    ctx = Context(examples=(("happy", 0),), query="calm")
+    gap = martingale_gap(word_sensitive, [ctx], SETUP, n_draws=200, seed=0)
+    assert gap["kl_floor_bits"][0] > 0.01
+    assert gap["kl_floor_bits"][0] == pytest.approx(gap["kl_bits"][0], rel=1e-12)  # all of the gap is the word
 
 
 def test_exact_bijection_predictive_equals_the_task_posterior():
