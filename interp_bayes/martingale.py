@@ -14,11 +14,13 @@ outcomes. Per context:
   standard deviation of the probability of the mean's top outcome;
 - martingale gap: the next example is (x', o) with x' from the task's input distribution and o from the predictor's
   own predictive at x' (sampled with a shared uniform, or enumerated with its probabilities as weights), followed by
-  a fresh query; m is the average prediction at the new query over ``n_draws`` draws. The gap is
-  KL(m || today's prediction) in bits (finite: m never puts mass where an exact predictor has none), with the
-  total-variation distance and the drift of today's top outcome, m[top] - p[top] (> 0: the predictor grows more
-  confident in its own guess than its own predictive justifies). Beside it the floor: the same KL for the fresh
-  queries without the new example, what the query change alone does.
+  a fresh query; m is the average prediction at the fresh queries over ``n_draws`` draws and m0 the average
+  prediction at the same fresh queries without the new example. The gap is KL(m || m0) in bits (finite: m never
+  puts mass where an exact predictor has none): for any predictor whose predictions are the conditionals of one
+  joint distribution it is 0 (total probability), however much it cares about the query. Beside it the total
+  variation, the drift of the top outcome m[top] - m0[top] (> 0: the predictor grows more confident in its own guess
+  than its predictive justifies), the gap against today's prediction KL(m || p) and its floor KL(m0 || p), what
+  changing the query alone does.
 
 SULA (``tasks/icl.py``): the examples are (carrier word, label) pairs and the query is a word. What the model
 outputs at the query is its predictive for the *next label*, and under the task's model that label equals the
@@ -209,13 +211,18 @@ def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: ExchangeableTask, *, n_draws: int = 4,
                    seed: int = 0) -> dict[str, np.ndarray]:
-    """Per context: KL(m || p) in bits, the total variation |m - p|_1 / 2 and the top-outcome drift m[top] - p[top],
-    where p is today's prediction and m the mean prediction after one more example drawn from the predictor's own
-    predictive (see the module docstring); and the floor, KL(m0 || p) with m0 the mean prediction for the same fresh
-    queries without the new example: what changing the query alone does (0 where the query stays, as in the
-    bijection; for SULA the model's sensitivity to the query word, which no martingale argument covers). The random
-    draws depend only on ``seed`` and the contexts, never on the predictor, so two predictors see the same draws
-    (common random numbers)."""
+    """Per context, with m the mean prediction at the fresh queries after one more example drawn from the
+    predictor's own predictive, m0 the mean prediction at the same fresh queries without it, and p today's:
+
+    - ``kl_bits`` = KL(m || m0), the martingale gap (bits): the same queries, with and without the new example, so a
+      model's sensitivity to the query itself cancels (the law of total probability any coherent predictor obeys);
+    - ``tv`` = |m - m0|_1 / 2 and ``drift_top`` = m[top] - m0[top] (top = argmax m0: > 0 when the predictor grows
+      more confident in its own guess than its predictive justifies);
+    - ``kl_today_bits`` = KL(m || p), the gap against today's prediction, and ``kl_floor_bits`` = KL(m0 || p), what
+      changing the query alone does (both equal 0 and ``kl_bits`` where the query stays, as in the bijection).
+
+    The random draws depend only on ``seed`` and the contexts, never on the predictor, so two predictors see the
+    same draws (common random numbers)."""
     rng = np.random.default_rng(seed)
     draws = [(i, *setup.next_inputs(c, rng), rng.random()) for i, c in enumerate(contexts) for _ in range(n_draws)]
     p = predict(contexts)  # [n, n_outcomes]
@@ -232,9 +239,9 @@ def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: Excha
     np.add.at(m, np.array(owner), predict(nexts) * (np.array(weights) / n_draws)[:, None])
     np.add.at(m0, np.array([i for i, *_ in draws]),
               predict([Context(contexts[i].examples, query) for i, _, query, _ in draws]) / n_draws)
-    top, rows = p.argmax(-1), np.arange(len(p))
-    return dict(kl_bits=_kl_bits(m, p), tv=0.5 * np.abs(m - p).sum(-1), drift_top=m[rows, top] - p[rows, top],
-                kl_floor_bits=_kl_bits(m0, p))
+    top, rows = m0.argmax(-1), np.arange(len(p))
+    return dict(kl_bits=_kl_bits(m, m0), tv=0.5 * np.abs(m - m0).sum(-1), drift_top=m[rows, top] - m0[rows, top],
+                kl_today_bits=_kl_bits(m, p), kl_floor_bits=_kl_bits(m0, p))
 
 
 def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, list[float]]:
@@ -244,9 +251,9 @@ def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[floa
 
 
 ORDER_STATS = ("js_bits", "top_sd")
-GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_floor_bits")
+GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_today_bits", "kl_floor_bits")
 UNITS = dict(js_bits="bits", top_sd="probability", kl_bits="bits", tv="probability", drift_top="probability",
-             kl_floor_bits="bits")
+             kl_today_bits="bits", kl_floor_bits="bits")
 
 
 @dataclass

@@ -76,7 +76,7 @@ def _unembedding_columns(model, centred: bool, chunk: int = 8192):
     """Yield (column slice, U[:, slice]) of the effective unembedding U = P diag(g) W_U C in float64 chunks."""
     w_u = model.W_U.detach()  # [d_model, vocab]
     g = _norm_weight(model)[:, None]
-    mu = as_float64(w_u.double().mean(dim=1))[:, None]  # vocabulary centring
+    mu = as_float64(w_u.mean(dim=1, dtype=torch.float64))[:, None]  # vocabulary centring
     for start in range(0, w_u.shape[1], chunk):
         cols = slice(start, min(start + chunk, w_u.shape[1]))
         u = g * (as_float64(w_u[:, cols]) - mu)

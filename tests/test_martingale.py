@@ -63,7 +63,7 @@ def test_a_permutation_invariant_non_bayesian_predictor_has_the_closed_form_gap(
     m1 = 0.9 * 81 / 82 + 0.1 * 0.5
     assert gap["kl_bits"][0] == pytest.approx(kl_bits([m1, 1 - m1], [0.9, 0.1]), rel=1e-12)
     assert gap["drift_top"][0] == pytest.approx(m1 - 0.9, rel=1e-12) and gap["drift_top"][0] > 0.03
-    assert gap["kl_floor_bits"][0] == 0.0  # the query word does not matter to it
+    assert gap["kl_floor_bits"][0] == 0.0 and gap["kl_today_bits"][0] == gap["kl_bits"][0]  # the word is ignored
     contexts = sula_contexts(TASK, seed=3, ks=(1, 2))
     report = martingale_test(None, SETUP, contexts, predictor=latent_posterior, n_null=5, n_boot=200)
     for entry in report.per_k:
@@ -89,7 +89,8 @@ def test_the_floor_measures_what_the_query_word_alone_does():
     ctx = Context(examples=(("happy", 0),), query="calm")
     gap = martingale_gap(word_sensitive, [ctx], SETUP, n_draws=200, seed=0)
     assert gap["kl_floor_bits"][0] > 0.01
-    assert gap["kl_floor_bits"][0] == pytest.approx(gap["kl_bits"][0], rel=1e-12)  # all of the gap is the word
+    assert gap["kl_today_bits"][0] == pytest.approx(gap["kl_floor_bits"][0], rel=1e-12)  # all of it is the word
+    assert gap["kl_bits"][0] < 1e-12  # same queries with and without the new example: no martingale gap
 
 
 def test_exact_bijection_predictive_equals_the_task_posterior():
