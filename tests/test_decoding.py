@@ -74,7 +74,8 @@ def test_deconfounding_removes_what_k_alone_explains():
 def test_constant_reading_is_nan_with_a_reason_and_rows_are_tidy():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(40, 6))
-    curve = decoding_curve(fake_acts({0: np.ones((40, 6)), 1: x}, x[:, 0]), n_null=2, n_boot=20)
+    rounding = 1.0 + 1e-7 * np.random.default_rng(4).normal(size=(40, 6))  # one vector up to float32 rounding
+    curve = decoding_curve(fake_acts({0: rounding, 1: x}, x[:, 0]), n_null=2, n_boot=20)
     first, second = curve.points
     assert np.isnan(first["ridge_r2"]) and "same for every prompt" in first["reason"]
     assert np.isfinite(second["ridge_r2"])

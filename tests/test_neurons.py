@@ -21,6 +21,18 @@ def load64(folder):
     return load_model(folder, dtype=torch.float64)
 
 
+@pytest.fixture(scope="module")
+def tiny64(tiny_dirs):
+    """family -> a float64 bridge, loaded once per module (for the tests that do not edit weights)."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = load64(tiny_dirs[family])
+        return cache[family]
+    return get
+
+
 def explicit_unembedding(model) -> np.ndarray:
     """U = P diag(g) W_U C written out in full from the HF modules (the reference for the chunked Gram route)."""
     hf = model.original_model
@@ -40,8 +52,8 @@ def reference_null_basis(u: np.ndarray, k: int, centred: bool) -> np.ndarray:
     return left[:, -k:]
 
 
-def test_null_space_and_scores_match_explicit_references(tiny_dirs, family):
-    model = load64(tiny_dirs[family])
+def test_null_space_and_scores_match_explicit_references(tiny64, family):
+    model = tiny64(family)
     null = unembedding_null_space(model)
     assert null.k == 10 and null.exact_kernel == 0
     u = explicit_unembedding(model)
@@ -76,8 +88,8 @@ def entropy_and_loss(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, np
     return h, -logp[np.arange(len(ids) - 1), ids[1:]] / math.log(2)
 
 
-def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny_dirs, family):
-    model = load64(tiny_dirs[family])
+def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny64, family):
+    model = tiny64(family)
     neurons = [3, 50, 101]
     clean = final_norm_run(model, TEXTS)
     ablations = ablation_effects(model, TEXTS, neurons, clean=clean, progress=False)
@@ -189,11 +201,11 @@ def test_bad_input_raises_one_sentence_errors(tiny_dirs):
 
 
 @pytest.mark.parametrize("fam", ["gpt2", "pythia"])
-def test_full_pass_ablation_of_an_earlier_layer_equals_a_weight_edit(tiny_dirs, fam):
+def test_full_pass_ablation_of_an_earlier_layer_equals_a_weight_edit(tiny_dirs, tiny64, fam):
     """Layer 0 of 2: the ablation changes what layer 1 computes, so whole hooked passes run. Reference: a copy whose
     MLP output weights drop the neuron and whose bias adds mean * w_out (the same function, edited in the weights),
     read through the closed-form head with the real scale (total) or the clean scale (direct)."""
-    model, edited = load64(tiny_dirs[fam]), load64(tiny_dirs[fam])
+    model, edited = tiny64(fam), load64(tiny_dirs[fam])
     j = 11
     clean = final_norm_run(model, TEXTS, layer=0)
     ablations = ablation_effects(model, TEXTS, [j], layer=0, clean=clean, progress=False)
