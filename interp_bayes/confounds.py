@@ -13,16 +13,19 @@ import numpy as np
 from .geometry import CONSTANT_RTOL, as_float64, correlations
 
 
-def nuisance_covariates(lengths, k=None, positions=None) -> np.ndarray:
+def nuisance_covariates(lengths, k=None, positions=None, *, k_levels: bool = False) -> np.ndarray:
     """[n, c] covariates: the read token's position (default the final one, ``length - 1``), the prompt length in
-    tokens and, with ``k`` given, k and log(1 + k) (log k would be -inf at k = 0). Collinear columns (the final
-    position is the length minus one) are harmless: ``residualize`` solves by least squares."""
+    tokens and, with ``k`` given, k and log(1 + k) (log k would be -inf at k = 0); ``k_levels`` adds one indicator
+    per value of k, which removes any function of k, not only a linear one in k and log(1 + k). Collinear columns
+    (the final position is the length minus one) are harmless: ``residualize`` solves by least squares."""
     lengths = as_float64(lengths)
     positions = lengths - 1 if positions is None else as_float64(positions)
     cols = [positions, lengths]
     if k is not None:
         k = as_float64(k)
         cols += [k, np.log1p(k)]
+        if k_levels:
+            cols += [(k == level).astype(np.float64) for level in np.unique(k)]
     return np.column_stack(cols)
 
 
@@ -43,7 +46,8 @@ def residualize(train, test, cov_train, cov_test) -> tuple[np.ndarray, np.ndarra
 def partial_correlation(x, y, covariates, *, strata=None, n_perm: int = 1000, seed: int = 0) -> dict:
     """Pearson and Spearman r of x and y after both are residualised on ``covariates`` (in sample), with a
     permutation null that shuffles x only within each stratum (e.g. each k), so the null keeps the confound:
-    its 95% range and the two-sided permutation p-value of the Pearson r."""
+    its 95% range and the two-sided permutation p-value of the Pearson r, measured from the null's median (a null
+    that keeps the confound need not be centred on 0)."""
     rx, _ = residualize(x, x, covariates, covariates)
     ry, _ = residualize(y, y, covariates, covariates)
     explained = [name for name, raw, res in (("first", x, rx), ("second", y, ry))
@@ -64,6 +68,8 @@ def partial_correlation(x, y, covariates, *, strata=None, n_perm: int = 1000, se
                 perm[g] = rng.permutation(g)
             px, _ = residualize(as_float64(x)[perm], as_float64(x)[perm], covariates, covariates)
             null[i] = np.corrcoef(px, ry)[0, 1]
+        centre = np.median(null)
         out.update(null_range=[float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))], n_perm=n_perm,
-                   p_value=float((1 + np.sum(np.abs(null) >= abs(out["pearson"]))) / (1 + n_perm)))
+                   null_median=float(centre),
+                   p_value=float((1 + np.sum(np.abs(null - centre) >= abs(out["pearson"] - centre))) / (1 + n_perm)))
     return out

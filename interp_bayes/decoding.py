@@ -139,18 +139,20 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
     readings = [r for r in (readings or READINGS) if r in acts.readings]
     layers = acts.layers if layers is None else [acts.layer_index(layer) for layer in layers]
     adjusts = [("raw", None)] + ([("deconfounded", covariates)] if covariates is not None else [])
+    explained = covariates is not None and np.ptp(residualize(y, y, covariates, covariates)[0]) <= 1e-9 * np.abs(y).max()
     points = []
     for reading in readings:
         for layer in layers:
             x = as_float64(acts.reading(reading, layer))
             for adjust, cov in adjusts:
                 point = dict(reading=reading, layer=int(layer), adjust=adjust)
-                if np.ptp(x, axis=0).max() <= READING_RTOL * np.abs(x).max():
+                reason = ("the reading is the same for every prompt up to float32 rounding"
+                          if np.ptp(x, axis=0).max() <= READING_RTOL * np.abs(x).max() else
+                          "the target is a function of the covariates" if cov is not None and explained else None)
+                if reason:
                     nan2 = [float("nan")] * 2
-                    point.update(ridge_r2=float("nan"), ridge_r2_ci=nan2, null_r2_range=nan2, axis_r=float("nan"),
-                                 axis_r_ci=nan2, axis_share=float("nan"),
-                                 reason="the reading is the same for every prompt up to float32 rounding")
-                    points.append(point)
+                    points.append(dict(point, ridge_r2=float("nan"), ridge_r2_ci=nan2, null_r2_range=nan2,
+                                       axis_r=float("nan"), axis_r_ci=nan2, axis_share=float("nan"), reason=reason))
                     continue
                 fit = cross_fitted_decoding(x, y, covariates=cov, folds=folds, n_null=n_null, alphas=alphas,
                                             seed=seed)

@@ -47,6 +47,9 @@ def test_partial_correlation_removes_a_shared_confound_and_keeps_a_real_link():
     part = partial_correlation(x, y_confounded, conf[:, None], strata=k, n_perm=300)
     assert raw > 0.7 and abs(part["pearson"]) < 0.2
     assert part["null_range"][0] < part["pearson"] < part["null_range"][1] and part["p_value"] > 0.01
+    # with k in every stratum the null keeps what k explains: its centre is the confounded part, not 0
+    kept = partial_correlation(x, y_confounded, np.ones((200, 1)), strata=k, n_perm=300)
+    assert kept["null_median"] > 0.5 and kept["p_value"] > 0.01
     y_linked = x + 0.3 * rng.normal(size=200)
     linked = partial_correlation(x, y_linked, conf[:, None], strata=k, n_perm=300)
     assert linked["pearson"] > 0.5 and linked["p_value"] < 0.01 and linked["pearson"] > linked["null_range"][1]

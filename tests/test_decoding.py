@@ -95,3 +95,18 @@ def test_decoding_curve_on_a_tiny_model(tiny_dirs):
     curve = decoding_curve(acts, folds=3, n_null=2, n_boot=20)
     assert {(p["reading"], p["layer"]) for p in curve.points} == {(r, l) for r in ("resid", "v", "z") for l in (0, 1)}
     assert all(np.isfinite(p["ridge_r2"]) or "reason" in p for p in curve.points)
+
+
+def test_a_target_that_is_a_function_of_the_covariates_has_nothing_left_to_decode():
+    rng = np.random.default_rng(5)
+    k = np.repeat(np.arange(1, 11), 12)
+    x = rng.normal(size=(len(k), 8))
+    x[:, 0] = np.log2(21 - k)  # the bijection's exact entropy: a function of position, hence of k
+    y = np.log2(21 - k)
+    linear = nuisance_covariates(2 * k - 1, k)  # position, length, k, log(1 + k): a nonlinear remainder is left
+    levels = nuisance_covariates(2 * k - 1, k, k_levels=True)  # one indicator per k: nothing is left
+    lin = {p["adjust"]: p for p in decoding_curve(fake_acts({1: x}, y), covariates=linear, n_null=2, n_boot=20).points}
+    lev = {p["adjust"]: p for p in decoding_curve(fake_acts({1: x}, y), covariates=levels, n_null=2, n_boot=20).points}
+    assert lin["deconfounded"]["ridge_r2"] > 0.9  # the reading carries the remainder: linear removal is not enough
+    assert np.isnan(lev["deconfounded"]["ridge_r2"]) and "function of the covariates" in lev["deconfounded"]["reason"]
+    assert lev["raw"]["ridge_r2"] > 0.99
