@@ -285,9 +285,9 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     output for the same prompts (computed when absent).
 
     In the last layer the neuron writes straight into the final residual, so the ablated residual is the clean one
-    plus (mean - activation) w_out and only the final norm and unembedding are rerun (a full hooked forward pass
-    checks that shortcut on the first batch, and every pass is a full one if it does not hold, as for a model with a
-    norm after its MLP). Other layers rerun the whole model with the ablation hooked on ``hook_post``."""
+    plus (mean - activation) w_out and only the final norm and unembedding are rerun (full hooked passes check that
+    shortcut for the first neuron on the first batch, and every pass is a full one if it does not hold, as for a
+    model with a norm after its MLP). Other layers rerun the whole model with the ablation hooked on ``hook_post``."""
     from tqdm.auto import tqdm
 
     idx = _layer(model, layer)
@@ -311,7 +311,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                 for cond, scale_hook in (("total", lambda t, hook: t.clone()),
                                          ("direct", lambda t, hook, s=frozen: s.clone())):
                     full = None
-                    if not head_only or step == 0:
+                    if not head_only or (step == 0 and j == neurons[0]):  # the shortcut is checked once
                         with model.hooks(fwd_hooks=[ablate, (SCALE_HOOK, scale_hook)]):
                             full = model(ids)
                     if head_only:
