@@ -8,10 +8,10 @@ decodable there. Beside it, the PC1 axis of the same reading (the paper's readou
 the training folds only: its held-out r^2 over the ridge R^2 is the share of the decodable uncertainty that the one
 unsupervised direction carries.
 
-Deconfounded: with ``covariates`` (``confounds.nuisance_covariates``) the readings and the target are residualised
-on them inside each training fold (the fit on the training rows, applied to the held-out rows) before the ridge is
-fitted and scored; the axis projection and the target are residualised the same way. What remains is the entropy
-that position, length and k do not explain.
+Deconfounded: with ``covariates`` (``confounds.nuisance_covariates``) the target and the axis projection are
+residualised on them inside each training fold (the fit on the training rows, applied to the held-out rows), and
+the ridge decodes that residual from the readings with the covariates beside them, unpenalised (Frisch-Waugh-Lovell;
+see ``cross_fitted_decoding``). What remains is the entropy that position, length and k do not explain.
 
 Each R^2 has a bootstrap interval over prompts and a permutation null (the target shuffled, everything refitted:
 the R^2 a decoder reaches on noise of the same distribution).
@@ -33,6 +33,9 @@ ALPHAS = np.logspace(-2, 6, 17)
 # readings are stored in float32: a reading whose spread across prompts is below this fraction of its scale is one
 # vector up to rounding (SmolLM2's layer-0 value of the final ':' varies by 3e-7 of its size with the batch shape)
 READING_RTOL = 1e-5
+# covariate columns beside the readings are multiplied by this, so the ridge penalty on their coefficients is at most
+# max(ALPHAS) / COVARIATE_SCALE^2 = 1e-2 of a reading's: unpenalised in practice
+COVARIATE_SCALE = 1e4
 
 
 def _r2(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
@@ -45,13 +48,19 @@ def cross_fitted_decoding(x, y, *, covariates=None, folds: int = 5, n_null: int 
                           seed: int = 0) -> dict:
     """Held-out ridge predictions and PC1-axis projections of ``y`` from ``x`` ([n, d]), K-fold cross-fitted.
 
-    Returns ``y`` (the target, residualised per fold when ``covariates`` are given), ``ridge`` (held-out
-    predictions), ``axis`` (held-out projections on the training folds' PC1 axis, centred on the training mean and
-    residualised like y) and ``null_r2`` (the ridge R^2 for ``n_null`` shuffled targets, the same folds). The shuffled
-    targets are fitted together with the real one (one multi-output RidgeCV, a penalty per target)."""
+    With ``covariates``, the target and the axis projection are residualised on them in each fold (fitted on the
+    training rows, applied to the held-out rows), and the ridge sees the readings beside the covariates, whose
+    coefficients are left practically unpenalised (their standardised columns scaled by ``COVARIATE_SCALE``): by
+    Frisch-Waugh-Lovell that is the ridge of the residualised target on the residualised readings, but with the
+    penalty chosen by a leave-one-out that is right. Residualising the readings on the training rows themselves
+    makes that choice degenerate: every training row becomes exactly predictable as the penalty goes to 0, the
+    smallest penalty wins and held-out R^2 collapses (SmolLM2's layer-0 residuals: -3 to -15, its shuffled-target
+    nulls as low). Returns ``y`` (the target, residualised per fold when ``covariates`` are given), ``ridge``
+    (held-out predictions), ``axis`` (held-out projections on the training folds' PC1 axis, centred on the training
+    mean) and ``null_r2`` (the ridge R^2 for ``n_null`` shuffled targets, the same folds). The shuffled targets are
+    fitted together with the real one (one multi-output RidgeCV, a penalty per target)."""
     from sklearn.linear_model import RidgeCV
     from sklearn.model_selection import KFold
-    from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     x, y = as_float64(x), as_float64(y)
@@ -62,13 +71,17 @@ def cross_fitted_decoding(x, y, *, covariates=None, folds: int = 5, n_null: int 
         x_tr, x_te, t_tr, t_te = x[train], x[test], targets[train], targets[test]
         u = _fit_direction(x_tr, t_tr[:, 0], "pc1")  # the axis sees only the training folds
         p_tr, p_te = (x_tr - x_tr.mean(0)) @ u, (x_te - x_tr.mean(0)) @ u
+        scaler = StandardScaler().fit(x_tr)
+        z_tr, z_te = scaler.transform(x_tr), scaler.transform(x_te)
         if covariates is not None:
             c_tr, c_te = as_float64(covariates)[train], as_float64(covariates)[test]
-            x_tr, x_te = residualize(x_tr, x_te, c_tr, c_te)
             t_tr, t_te = residualize(t_tr, t_te, c_tr, c_te)
             p_tr, p_te = residualize(p_tr, p_te, c_tr, c_te)
-        ridge = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas, alpha_per_target=True)).fit(x_tr, t_tr)
-        pred[test], y_out[test], axis[test] = ridge.predict(x_te).reshape(len(test), -1), t_te, p_te
+            c_scaler = StandardScaler().fit(c_tr)
+            z_tr = np.hstack([z_tr, COVARIATE_SCALE * c_scaler.transform(c_tr)])
+            z_te = np.hstack([z_te, COVARIATE_SCALE * c_scaler.transform(c_te)])
+        ridge = RidgeCV(alphas=alphas, alpha_per_target=True).fit(z_tr, t_tr)
+        pred[test], y_out[test], axis[test] = ridge.predict(z_te).reshape(len(test), -1), t_te, p_te
     return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=_r2(y_out[:, 1:], pred[:, 1:]))
 
 

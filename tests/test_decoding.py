@@ -110,3 +110,18 @@ def test_a_target_that_is_a_function_of_the_covariates_has_nothing_left_to_decod
     assert lin["deconfounded"]["ridge_r2"] > 0.9  # the reading carries the remainder: linear removal is not enough
     assert np.isnan(lev["deconfounded"]["ridge_r2"]) and "function of the covariates" in lev["deconfounded"]["reason"]
     assert lev["raw"]["ridge_r2"] > 0.99
+
+
+def test_deconfounded_nulls_stay_near_zero_with_more_coordinates_than_prompts():
+    """Residualising the readings on the training rows would let every training row be fitted exactly as the ridge
+    penalty goes to 0, so the leave-one-out choice picks the smallest penalty and held-out R^2 of shuffled targets
+    falls far below 0 (about -0.5 to -0.9 here); only target and axis are residualised."""
+    rng = np.random.default_rng(6)
+    k = np.repeat([0, 1, 2, 4, 8], 30)
+    lengths = 4 * k + 3 + rng.integers(0, 4, size=len(k))
+    x = rng.normal(size=(len(k), 300))
+    x[:, :50] += np.sin(lengths)[:, None] * rng.normal(size=50)  # columns that follow position nonlinearly
+    y = np.log1p(k) + 0.3 * rng.normal(size=len(k))
+    fit = cross_fitted_decoding(x, y, covariates=nuisance_covariates(lengths, k), n_null=10)
+    assert fit["null_r2"].min() > -0.2
+    np.testing.assert_allclose(fit["y"].mean(), 0.0, atol=0.05)  # what the covariates leave: noise around 0
