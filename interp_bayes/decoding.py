@@ -129,7 +129,8 @@ class DecodingCurve:
         for reading in dict.fromkeys(p["reading"] for p in self.points):
             pts = [p for p in self.points if p["reading"] == reading and p["adjust"] == adjust]
             layers = [p["layer"] for p in pts]
-            fig.add_scatter(x=layers, y=[p["ridge_r2"] for p in pts], mode="lines+markers", name=f"{reading}: ridge R²",
+            fig.add_scatter(x=layers, y=[p["ridge_r2"] for p in pts], mode="lines+markers",
+                            name=f"{reading}: ridge R²",
                             error_y=dict(type="data", symmetric=False,
                                          array=[p["ridge_r2_ci"][1] - p["ridge_r2"] for p in pts],
                                          arrayminus=[p["ridge_r2"] - p["ridge_r2_ci"][0] for p in pts]))
@@ -138,7 +139,8 @@ class DecodingCurve:
             fig.add_scatter(x=layers, y=[p["null_r2_range"][1] for p in pts], mode="lines", line=dict(dash="dot"),
                             name=f"{reading}: null 97.5%", opacity=0.5)
         return fig.update_layout(template="plotly_white", xaxis_title="layer", yaxis_title="held-out R² / r²",
-                                 title=f"Decodable {self.target} ({adjust}) vs one axis, {self.folds}-fold cross-fitted")
+                                 title=f"Decodable {self.target} ({adjust}) vs one axis, "
+                                       f"{self.folds}-fold cross-fitted")
 
 
 def decoding_curve(acts, target=None, *, target_name: str = "model entropy", readings=None, layers=None,
@@ -152,7 +154,8 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
     readings = [r for r in (readings or READINGS) if r in acts.readings]
     layers = acts.layers if layers is None else [acts.layer_index(layer) for layer in layers]
     adjusts = [("raw", None)] + ([("deconfounded", covariates)] if covariates is not None else [])
-    explained = covariates is not None and np.ptp(residualize(y, y, covariates, covariates)[0]) <= 1e-9 * np.abs(y).max()
+    explained = (covariates is not None
+                 and np.ptp(residualize(y, y, covariates, covariates)[0]) <= 1e-9 * np.abs(y).max())
     points = []
     for reading in readings:
         for layer in layers:

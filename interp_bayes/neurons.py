@@ -226,7 +226,8 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
             return t.clone() if name == "scale" else None  # the scale goes through the edit path (module docstring)
         return hook
 
-    hooks = [(SCALE_HOOK, keep("scale")), (POST_HOOK.format(layer=idx), keep("post")), ("ln_final.hook_in", keep("resid"))]
+    hooks = [(SCALE_HOOK, keep("scale")), (POST_HOOK.format(layer=idx), keep("post")),
+             ("ln_final.hook_in", keep("resid"))]
     with _quiet_scale_edits(), model.hooks(fwd_hooks=hooks):
         for b in batches:
             ids = torch.tensor([token_ids[i] for i in b], device=device)
