@@ -102,7 +102,8 @@ class DecodingCurve:
     """Held-out decodability of one target at every (reading, layer), raw and (with covariates) deconfounded."""
 
     target: str
-    points: list[dict]  # one per (reading, layer, adjust): ridge_r2 (+ ci, null), axis_r (+ ci), axis_share
+    points: list[dict]  # per (reading, layer, adjust): ridge_r2 (+ ci, null), axis_r (+ ci), axis_share (NaN unless
+    #                     ridge_r2 clears its null's 97.5% and 0)
     folds: int
     n: int
     meta: dict = field(default_factory=dict)
@@ -176,10 +177,11 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                 axis_r = correlations(fit["axis"], fit["y"])["pearson"]
                 r2_ci, r_ci = _bootstrap(fit["y"], fit["ridge"], fit["axis"], n_boot, seed)
                 null = fit["null_r2"]
-                point.update(ridge_r2=r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci,
-                             null_r2_range=[float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))]
-                             if len(null) else [float("nan")] * 2,
-                             axis_share=float(axis_r**2 / r2) if r2 > 0 else float("nan"))
+                null_range = [float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))] if len(null) \
+                    else [float("nan")] * 2
+                decodable = r2 > max(0.0, null_range[1]) if len(null) else r2 > 0  # a ratio of noise means nothing
+                point.update(ridge_r2=r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci, null_r2_range=null_range,
+                             axis_share=float(axis_r**2 / r2) if decodable else float("nan"))
                 points.append(point)
     return DecodingCurve(target=target_name, points=points, folds=folds, n=len(y),
                          meta=dict(n_null=n_null, n_boot=n_boot, seed=seed, readings=readings, layers=list(layers)))
