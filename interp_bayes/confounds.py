@@ -42,19 +42,23 @@ def covariate_matrix(columns: dict[str, np.ndarray]) -> np.ndarray:
             continue
         if any(np.allclose(v - v.mean(), k - k.mean()) for k in kept):
             continue
-        kept.append(v)
+        kept.append(v)  # (indicators of every level are collinear with the intercept: lstsq takes the minimum norm)
     n = len(next(iter(columns.values()))) if columns else 0
     return np.stack(kept, axis=1) if kept else np.zeros((n, 0))
 
 
-def nuisance_columns(token_lengths, k=None, position=None, extra: dict | None = None) -> dict[str, np.ndarray]:
+def nuisance_columns(token_lengths, k=None, position=None, extra: dict | None = None, *,
+                     k_levels: bool = False) -> dict[str, np.ndarray]:
     """The standard nuisance covariates by name: ``length`` (prompt length in tokens; the final token's position is
-    length - 1, the same column), ``k`` and ``log_k`` = log(1 + k) where a k exists, a within-sequence ``position``
-    where given (wind tunnels), plus any a probe declares."""
+    length - 1, the same column), ``k`` and ``log_k`` = log(1 + k) where a k exists (``k_levels`` adds one
+    indicator ``k=<value>`` per value of k, which removes any function of k, not only a linear one in k and log k),
+    a within-sequence ``position`` where given (wind tunnels), plus any a probe declares."""
     out = {"length": as_float64(token_lengths)}
     if k is not None:
         k = as_float64(k)
         out["k"], out["log_k"] = k, np.log1p(k)
+        if k_levels:
+            out.update({f"k={level:g}": (k == level).astype(np.float64) for level in np.unique(k)})
     if position is not None:
         out["position"] = as_float64(position)
     out.update({name: as_float64(v) for name, v in (extra or {}).items()})

@@ -33,10 +33,21 @@ def standardise(x) -> np.ndarray:
     return (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
 
 
+def thin_svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD. LAPACK's divide-and-conquer driver (gesdd, numpy's) now and then fails to converge on a benign
+    matrix (seen on SmolLM2's layer-24 residuals); the slower gesvd driver then takes over."""
+    try:
+        return np.linalg.svd(x, full_matrices=False)
+    except np.linalg.LinAlgError:
+        from scipy.linalg import svd
+
+        return svd(x, full_matrices=False, lapack_driver="gesvd")
+
+
 def pca(x, *, standardize: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(explained-variance ratios, components [k, d], scores [n, k]) of the rows of ``x`` via SVD."""
     x = standardise(x) if standardize else as_float64(x) - as_float64(x).mean(axis=0)
-    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    _, s, vt = thin_svd(x)
     var = s**2
     return var / var.sum(), vt, x @ vt.T
 

@@ -114,8 +114,19 @@ class SULATask:
             raise PromptError(f"Labels {pair} are not single tokens in this tokenizer; use SULATask.for_tokenizer().")
         return [i[0] for i in ids]
 
+    def render(self, carriers, labels, query: str, condition: str = "main") -> str:
+        """The prompt text for ``carriers[i]`` labelled ``labels[i]`` (0 or 1: which word of the pair), then
+        ``query``; masking follows ``condition``. The one place the SULA format is written."""
+        pair = self.remap_labels if condition == "remap" else self.labels
+        shown = [MASK if condition == "label_masked" else pair[i] for i in labels]
+        words = [MASK if condition == "carrier_masked" else w for w in carriers]
+        examples = ", ".join(f"{c}: {lab}" for c, lab in zip(words, shown))
+        return f"{examples}. {query}:" if len(carriers) else f"{query}:"
+
     def generate(self, condition: str = "main", seed: int = 42) -> dict[str, list]:
-        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, predictive_entropy, condition) of one prompt set.
+        """Columns (text, k, n1, n2, latent, p_label1, bayes_entropy, predictive_entropy, condition, carriers,
+        example_labels, query) of one prompt set; ``carriers``, ``example_labels`` (0 or 1 per example) and
+        ``query`` are the draws the text is rendered from (``render``), unmasked.
 
         The draws (latent, carriers, example labels) depend only on ``seed``, not on the condition, so the
         conditions (fixed_k aside) are paired prompt by prompt.
@@ -125,7 +136,6 @@ class SULATask:
         rng = as_rng(seed)
         if condition == "fixed_k":
             return self._fixed_k(rng)
-        pair = self.remap_labels if condition == "remap" else self.labels
         cols = self._columns()
         for k in self.ks:
             for _ in range(self.per_k):
@@ -139,23 +149,25 @@ class SULATask:
                     p1 = 0.5  # labels independent of y, or hidden: the prior
                 else:
                     p1 = float(posterior_label1(n1, k - n1, self.alpha))
-                shown = [MASK if condition == "label_masked" else pair[i] for i in idx]
-                carriers = [MASK if condition == "carrier_masked" else CARRIERS[w] for w in words[:k]]
-                examples = ", ".join(f"{c}: {lab}" for c, lab in zip(carriers, shown))
-                query = CARRIERS[words[k]]
-                self._add(cols, f"{examples}. {query}:" if k else f"{query}:", k, n1, latent, p1, condition)
+                carriers, query = [CARRIERS[w] for w in words[:k]], CARRIERS[words[k]]
+                self._add(cols, carriers, idx, query, n1, latent, p1, condition)
         return cols
 
     @staticmethod
     def _columns() -> dict[str, list]:
         return {c: [] for c in ("text", "k", "n1", "n2", "latent", "p_label1", "bayes_entropy", "predictive_entropy",
-                                "condition")}
+                                "condition", "carriers", "example_labels", "query")}
 
-    def _add(self, cols: dict, text: str, k: int, n1: int, latent: int, p1: float, condition: str) -> None:
+    def _add(self, cols: dict, carriers: list[str], labels, query: str, n1: int, latent: int, p1: float,
+             condition: str) -> None:
+        k = len(carriers)
         predictive = self.alpha * p1 + (1 - self.alpha) * (1 - p1)  # p(query label = L1 | D)
-        for key, val in (("text", text), ("k", k), ("n1", n1), ("n2", k - n1), ("latent", latent), ("p_label1", p1),
+        for key, val in (("text", self.render(carriers, labels, query, condition)), ("k", k), ("n1", n1),
+                         ("n2", k - n1), ("latent", latent), ("p_label1", p1),
                          ("bayes_entropy", float(binary_entropy_bits(p1))),
-                         ("predictive_entropy", float(binary_entropy_bits(predictive))), ("condition", condition)):
+                         ("predictive_entropy", float(binary_entropy_bits(predictive))), ("condition", condition),
+                         ("carriers", list(carriers)), ("example_labels", [int(i) for i in labels]),
+                         ("query", query)):
             cols[key].append(val)
 
     def _fixed_k(self, rng: np.random.Generator) -> dict[str, list]:
@@ -169,8 +181,8 @@ class SULATask:
                 p1 = float(posterior_label1(n1, FIXED_K - n1, self.alpha))
                 latent = int(rng.random() >= p1)  # 0 (label 1) with probability p1
                 words = rng.choice(len(self.fixed_carriers), size=FIXED_K + 1, replace=False)
-                examples = ", ".join(f"{self.fixed_carriers[w]}: {self.labels[i]}" for w, i in zip(words, idx))
-                self._add(cols, f"{examples}. {self.fixed_carriers[words[-1]]}:", FIXED_K, n1, latent, p1, "fixed_k")
+                carriers = [self.fixed_carriers[w] for w in words]
+                self._add(cols, carriers[:-1], idx, carriers[-1], n1, latent, p1, "fixed_k")
         return cols
 
     def dataset(self, condition: str = "main", seed: int = 42):
