@@ -116,7 +116,7 @@ def sula_contexts(task, *, condition: str = "main", seed: int = 42, ks: Sequence
 
 def bijection_setup(task) -> ExchangeableTask:
     """The bijection wind-tunnel task (``BijectionTask`` without replacement): keys are token ids 0..V-1, the value
-    v is token V + v, and a prompt is ``[k1, V + v1, ..., kj, V + vj, query]`` (as ``sweep.windtunnel_prompts``)."""
+    v is token V + v, and a prompt is ``[k1, V + v1, ..., kj, V + vj, query]`` (as ``kinds.windtunnel.windtunnel_prompts``)."""
     V = task.n_symbols
 
     def render(ctx: Context) -> list[int]:

@@ -123,7 +123,7 @@ def test_model_predictor_matches_the_wind_tunnel_evaluation():
     import torch
 
     from interp_bayes.models import load_model
-    from interp_bayes.sweep import WINDTUNNELS_DIR
+    from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
     from interp_bayes.windtunnel.evaluate import restricted_log_probs
 
     model = load_model(WINDTUNNELS_DIR / "bijection-cpu")

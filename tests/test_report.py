@@ -31,7 +31,7 @@ PROBES = {  # the built-in probe names at toy sizes, for a 25-prompt pool and a 
 }
 # the figures each probe kind draws (ids end with the recipe's name)
 FIGURES = ["manifold", "shares", "manifold-examples", "keys-keys", "focusing-focusing", "icl-icl",
-           "icl-geometry-icl", "icl-examples-icl", "axis-axis", "interventions-interventions",
+           "icl-geometry-icl", "icl-examples-icl", "axis-axis", "axis-deconfounded-axis", "interventions-interventions",
            "interventions-per-k-interventions"]
 BUNDLE = plotly.offline.get_plotlyjs()
 
