@@ -103,8 +103,8 @@ def _probes(args: argparse.Namespace) -> int:
         probe = load_probe(name)
         changed = {k: v for k, v in probe.params.to_dict().items() if probe.kind.params.defaults().get(k) != v and
                    not (isinstance(v, list) and list(probe.kind.params.defaults().get(k) or ()) == v)}
-        print(f"  {name:22s} kind {probe.kind.name}; " + (", ".join(f"{k}={v}" for k, v in changed.items()) or
-                                                        "defaults"))
+        print(f"  {name:24s} kind {probe.kind.name}{'' if probe.default else ' (opt-in: name it with --probes)'}; "
+              + (", ".join(f"{k}={v}" for k, v in changed.items()) or "defaults"))
     return 0
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from .axis import _fit_direction
 from .confounds import residualize
 from .geometry import CI_LEVEL, as_float64, correlations
-from .tidy import row
+from .results import Row
 
 READINGS = ("resid", "v", "z")  # residual stream after the block, values (per KV head), attention output
 ALPHAS = np.logspace(-2, 6, 17)
@@ -108,18 +108,17 @@ class DecodingCurve:
     n: int
     meta: dict = field(default_factory=dict)
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[Row]:
         """Tidy rows: ridge R^2 with its bootstrap interval and permutation null, the axis r and its share."""
         out = []
         for p in self.points:
-            scope = f"{p['reading']} L{p['layer']} {p['adjust']} target={self.target}"
-            out.append(row("decoding_r2", p["ridge_r2"], scope=scope, low=p["ridge_r2_ci"][0],
-                           high=p["ridge_r2_ci"][1], null_low=p["null_r2_range"][0], null_high=p["null_r2_range"][1],
-                           n=self.n, unit="R^2 (held-out)"))
-            out.append(row("axis_r", p["axis_r"], scope=scope, low=p["axis_r_ci"][0], high=p["axis_r_ci"][1],
-                           n=self.n, unit="Pearson r (held-out)"))
-            out.append(row("axis_share_of_decodable", p["axis_share"], scope=scope, n=self.n,
-                           unit="axis r^2 / ridge R^2"))
+            scope = dict(reading=p["reading"], layer=p["layer"], adjust=p["adjust"], target=self.target)
+            out.append(Row("decoding_r2", p["ridge_r2"], "R^2 (held-out)", dict(scope), p["ridge_r2_ci"][0],
+                           p["ridge_r2_ci"][1], "bootstrap 95%", p["null_r2_range"][0], p["null_r2_range"][1],
+                           "shuffled target", self.n, note=p.get("reason")))
+            out.append(Row("axis_r", p["axis_r"], "Pearson r (held-out)", dict(scope), p["axis_r_ci"][0],
+                           p["axis_r_ci"][1], "bootstrap 95%", n=self.n))
+            out.append(Row("axis_share_of_decodable", p["axis_share"], "axis r^2 / ridge R^2", dict(scope), n=self.n))
         return out
 
     def figure(self, adjust: str = "raw"):

@@ -51,7 +51,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from .geometry import CI_LEVEL
-from .tidy import row
+from .results import Row
 
 LN2 = math.log(2.0)
 
@@ -252,6 +252,7 @@ def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[floa
 
 ORDER_STATS = ("js_bits", "top_sd")
 GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_today_bits", "kl_floor_bits")
+FLOAT_FLOOR = 1e-4  # bits: a model computed in float32 differs from itself by about this across batch layouts
 UNITS = dict(js_bits="bits", top_sd="probability", kl_bits="bits", tv="probability", drift_top="probability",
              kl_today_bits="bits", kl_floor_bits="bits")
 
@@ -266,7 +267,9 @@ class MartingaleReport:
     params: dict
     per_context: dict = field(default_factory=dict, repr=False)  # statistic -> [n_contexts] for the model
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[Row]:
+        """Tidy rows per k and statistic: the model's mean with its bootstrap interval, beside the exact predictor's
+        Monte-Carlo range as the null."""
         out = []
         for entry in self.per_k:
             for stat in ORDER_STATS + GAP_STATS:
@@ -274,9 +277,12 @@ class MartingaleReport:
                     continue
                 model, null = entry[stat], entry[f"null_{stat}"]
                 kind = "order_sensitivity" if stat in ORDER_STATS else "martingale_gap"
-                out.append(row(f"{kind}_{stat}", model["mean"], scope=f"{self.task} k={entry['k']}",
-                               low=model["ci"][0], high=model["ci"][1], null_low=null["range"][0],
-                               null_high=null["range"][1], n=entry["n"], unit=UNITS[stat]))
+                floor = FLOAT_FLOOR if UNITS[stat] == "bits" else 0.0
+                out.append(Row(f"{kind}_{stat}", model["mean"], UNITS[stat], dict(task=self.task, k=entry["k"]),
+                               model["ci"][0], model["ci"][1], "bootstrap 95%", null["range"][0],
+                               max(null["range"][1], floor), "exact predictor, Monte-Carlo 95%", entry["n"],
+                               note=f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits" if floor >
+                               null["range"][1] else None))
         return out
 
 

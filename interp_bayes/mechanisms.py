@@ -22,7 +22,7 @@ import torch
 
 from .geometry import CI_LEVEL, as_float64, correlations
 from .neurons import LN2, POST_HOOK, NullSpace, _ablate, _layer, final_norm_run, unembedding_null_space
-from .tidy import row
+from .results import Row
 
 
 def value_axis_in_residual(model, direction, layer: int) -> np.ndarray:
@@ -58,7 +58,8 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
 
 
 def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=None, n_perm: int = 1000,
-                  seed: int = 0, batch_size: int | None = None, clean: dict | None = None) -> dict:
+                  seed: int = 0, batch_size: int | None = None, clean: dict | None = None, covariate_names=(),
+                  strata_name: str = "") -> dict:
     """Correlation of the final token's norm scale with its entropy (full vocabulary, and renormalised over
     ``label_tokens`` when given): raw, and with ``covariates`` ([n, c]) the raw, partial and within-``strata``
     correlations against a within-stratum permutation null (``confounds.deconfounded_correlation``)."""
@@ -75,7 +76,7 @@ def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=
         if covariates is not None:
             out[name]["deconfounded"] = deconfounded_correlation(
                 clean["final_scale"], h, covariates, np.zeros(len(h)) if strata is None else strata, n_perm=n_perm,
-                seed=seed)
+                seed=seed, covariate_names=covariate_names, strata_name=strata_name)
     return out
 
 
@@ -88,13 +89,11 @@ class MechanismComparison:
     summary: list[dict]
     n_prompts: int
 
-    def rows(self) -> list[dict]:
-        out = []
-        for s in self.summary:
-            out.append(row(f"{s['mechanism']}_{s['metric']}", s["effect"], scope=s["scope"],
-                           null_low=s["control_range"][0], null_high=s["control_range"][1], n=self.n_prompts,
-                           unit=s["unit"]))
-        return out
+    def rows(self) -> list[Row]:
+        """Tidy rows: each mechanism's effect per measure against its controls' 95% range."""
+        return [Row(s["metric"], s["effect"], s["unit"], dict(mechanism=s["mechanism"], layer=s["layer"]),
+                    null_low=s["control_range"][0], null_high=s["control_range"][1],
+                    null=f"{s['n_controls']} control draws", n=self.n_prompts) for s in self.summary]
 
 
 UNITS = dict(d_entropy="bits", d_full_entropy="bits", kl_bits="bits", d_mae_k_ge_1="bits", d_corr_bayes="Pearson r",
@@ -168,7 +167,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
         for metric in [m for m in UNITS if m in true]:
             ctrl = np.array([e[metric] for e in group if e["kind"] == "control"])
             summary.append(dict(mechanism=mechanism, metric=metric, effect=true[metric],
-                                scope=f"L{idx}" if mechanism == "entropy_neurons" else f"L{axis.layer}",
+                                layer=idx if mechanism == "entropy_neurons" else axis.layer,
                                 control_mean=float(ctrl.mean()), control_range=[float(np.quantile(ctrl, a)),
                                                                                 float(np.quantile(ctrl, 1 - a))],
                                 percentile=float(np.mean(ctrl <= true[metric])), n_controls=len(ctrl),

@@ -38,7 +38,7 @@ import torch
 
 from .errors import UnsupportedModelError
 from .geometry import CI_LEVEL, as_float64, correlations
-from .tidy import row
+from .results import Row
 
 LN2 = math.log(2.0)
 SCALE_HOOK = "ln_final.hook_scale"
@@ -398,25 +398,28 @@ class EntropyNeuronReport:
                     random_range=[float(np.quantile(rand, a)), float(np.quantile(rand, 1 - a))] if len(rand)
                     else [float("nan")] * 2, n_candidates=len(cand), n_random=len(rand))
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[Row]:
+        """Tidy rows: the null space's chance rho, each candidate's rho and norm against the distribution over all
+        neurons (2.5-97.5%), its ablation effects with bootstrap intervals, and the candidates' mean effects against
+        the random neurons' range."""
         unit = dict(entropy="bits per token", loss="bits per token", final="bits per prompt (final token)")
-        out = [row("null_space_chance_rho", self.null_space["chance_rho"], scope=f"L{self.layer}",
-                   n=self.null_space["k"], unit="fraction of |w|^2")]
+        out = [Row("null_space_chance_rho", self.null_space["chance_rho"], "fraction of |w|^2", dict(layer=self.layer),
+                   n=self.null_space["k"], note="the rho of a random direction: k / d_model")]
         for rank, c in enumerate(self.candidates, 1):
-            scope = f"L{self.layer} neuron {c['neuron']} (rank {rank})"
-            out.append(row("neuron_rho", c["rho"], scope=scope, null_low=self.distribution["rho"]["q025"],
-                           null_high=self.distribution["rho"]["q975"], unit="fraction of |w|^2"))
-            out.append(row("neuron_norm", c["norm"], scope=scope, null_low=self.distribution["norm"]["q025"],
-                           null_high=self.distribution["norm"]["q975"], unit="|w_out|"))
+            scope = dict(layer=self.layer, neuron=c["neuron"], rank=rank)
+            for score, u in (("rho", "fraction of |w|^2"), ("norm", "|w_out|")):
+                d = self.distribution[score]
+                out.append(Row(f"neuron_{score}", c[score], u, dict(scope), null_low=d["q025"], null_high=d["q975"],
+                               null="all neurons of the layer, 2.5-97.5%"))
             for key in EFFECT_KEYS:
                 e = c["effects"]
-                out.append(row(f"ablation_{key}", e[key], scope=scope, low=e[f"{key}_ci"][0], high=e[f"{key}_ci"][1],
-                               n=self.n_prompts, unit=unit[key.split("_")[1]]))
+                out.append(Row(f"ablation_{key}", e[key], unit[key.split("_")[1]], dict(scope), e[f"{key}_ci"][0],
+                               e[f"{key}_ci"][1], "bootstrap 95%", n=self.n_prompts))
         for key in EFFECT_KEYS:
             g = self.group(key)
-            out.append(row(f"ablation_{key}_candidates_mean", g["candidates"], scope=f"L{self.layer}",
-                           null_low=g["random_range"][0], null_high=g["random_range"][1], n=g["n_candidates"],
-                           unit=unit[key.split("_")[1]]))
+            out.append(Row(f"ablation_{key}_candidates_mean", g["candidates"], unit[key.split("_")[1]],
+                           dict(layer=self.layer), null_low=g["random_range"][0], null_high=g["random_range"][1],
+                           null=f"{g['n_random']} random neurons", n=g["n_candidates"]))
         return out
 
 

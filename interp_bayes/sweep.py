@@ -39,6 +39,7 @@ class Probe:
     kind: Kind
     params: Params
     kind_ref: str = ""  # the recipe's ``kind:`` as written (``module.py:NAME`` for a plugin), for the report
+    default: bool = True  # ``default: false`` in a built-in recipe: run only when named (slow or specialised)
 
     def key(self) -> str:
         """The stage's identity: what it computes, not what it is called."""
@@ -67,7 +68,8 @@ def load_probe(name_or_path: str | Path) -> Probe:
         ref = f"{(path.parent / ref.rsplit(':', 1)[0]).resolve()}:{ref.rsplit(':', 1)[1]}"  # relative to the recipe
     kind = get_kind(ref)
     name = str(data.pop("name", path.stem))
-    return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref)
+    default = bool(data.pop("default", True))
+    return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref, default=default)
 
 
 @dataclass
@@ -296,7 +298,9 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def _probes(config: SweepConfig) -> list[Probe]:
-    probes = [load_probe(name) for name in (config.probes or builtin_probes())]
+    """The named recipes, or every built-in recipe that is not opt-in (``default: false``)."""
+    probes = [load_probe(name) for name in config.probes] if config.probes else \
+        [p for p in map(load_probe, builtin_probes()) if p.default]
     names = [p.name for p in probes]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

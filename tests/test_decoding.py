@@ -80,8 +80,9 @@ def test_constant_reading_is_nan_with_a_reason_and_rows_are_tidy():
     assert np.isnan(first["ridge_r2"]) and "same for every prompt" in first["reason"]
     assert np.isfinite(second["ridge_r2"])
     rows = curve.rows()
-    assert {r["metric"] for r in rows} == {"decoding_r2", "axis_r", "axis_share_of_decodable"}
-    assert all(set(r) == {"metric", "scope", "value", "low", "high", "null_low", "null_high", "n", "unit"} for r in rows)
+    assert {r.metric for r in rows} == {"decoding_r2", "axis_r", "axis_share_of_decodable"}
+    assert all(set(r.scope) == {"reading", "layer", "adjust", "target"} for r in rows)
+    assert any(r.note and "same for every prompt" in r.note for r in rows if r.metric == "decoding_r2")
     assert curve.figure().data  # plotly figure with traces
 
 

@@ -138,7 +138,7 @@ def test_model_predictor_matches_the_wind_tunnel_evaluation():
     np.testing.assert_allclose(got, ref[:, [0, 4, 9]].reshape(-1, task.n_symbols), atol=1e-5)
     report = martingale_test(model, setup, bijection_contexts(task, ks=(2, 8), per_k=4, seed=1), n_perms=3,
                              n_draws=2, n_null=10, n_boot=50)
-    assert [e["k"] for e in report.per_k] == [2, 8] and all(np.isfinite(r["value"]) for r in report.rows())
+    assert [e["k"] for e in report.per_k] == [2, 8] and all(np.isfinite(r.value) for r in report.rows())
 
 
 def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(tiny_dirs):
@@ -153,4 +153,5 @@ def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(t
         assert entry["null_kl_bits"]["value"] == pytest.approx(0.0, abs=1e-12)
         assert entry["kl_bits"]["mean"] >= 0
     rows = report.rows()
-    assert {r["metric"] for r in rows} >= {"martingale_gap_kl_bits", "order_sensitivity_js_bits"}
+    assert {r.metric for r in rows} >= {"martingale_gap_kl_bits", "order_sensitivity_js_bits"}
+    assert all(r.null == "exact predictor, Monte-Carlo 95%" and "k" in r.scope for r in rows)

@@ -167,7 +167,7 @@ def test_planted_null_space_neuron_is_ranked_first(tiny_dirs, family):
     assert abs(effects["direct_entropy"]) < 1e-4 < abs(effects["total_entropy"])
     assert effects["mediated_fraction_entropy"] > 0.99
     rows = report.rows()
-    assert any(r["metric"] == "ablation_mediated_entropy" for r in rows)
+    assert any(r.metric == "ablation_mediated_entropy" and r.scope["rank"] == 1 for r in rows)
 
 
 def test_frequency_neuron_planted_along_the_frequency_direction_is_found(tiny_dirs):

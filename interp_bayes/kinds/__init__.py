@@ -15,7 +15,9 @@ from pathlib import Path
 from ..errors import ConfigError
 from .base import Figure, Kind, Line, Params, Result
 
-BUILTIN = ("manifold", "keys", "focusing", "icl", "axis", "interventions", "windtunnel")
+BUILTIN = ("manifold", "keys", "focusing", "icl", "axis", "interventions", "windtunnel", "entropy_neurons",
+           "martingale", "decoding")
+_MODULES = {"entropy_neurons": "neurons"}  # kinds whose module is named otherwise
 _REGISTRY: dict[str, Kind] = {}
 
 __all__ = ["BUILTIN", "Figure", "Kind", "Line", "Params", "Result", "get_kind", "known_kinds", "register"]
@@ -53,7 +55,7 @@ def get_kind(name: str) -> Kind:
         module, name = name.rsplit(":", 1)
         _import_plugin(module)
     if name not in _REGISTRY and name in BUILTIN:
-        importlib.import_module(f".{name}", __name__)
+        importlib.import_module(f".{_MODULES.get(name, name)}", __name__)
     if name not in _REGISTRY:
         raise ConfigError(f"Unknown probe kind '{name}'; known kinds: {', '.join(known_kinds())} (or "
                           "'path/to/module.py:NAME' for your own).")

@@ -61,14 +61,26 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
     return prompts, cols
 
 
-def _load(p: WindtunnelParams):
-    from ..models import load_model, model_identity
+def _task_of(folder: Path):
     from ..store import read_json
     from ..windtunnel.configs import TrainConfig, make_task
 
+    return make_task(TrainConfig.from_dict(read_json(folder / "windtunnel.json")["config"]))
+
+
+def load_windtunnel_task(name: str):
+    """(the bridge, the task) of a packaged wind-tunnel checkpoint's name or a trained folder."""
+    from ..models import load_model
+
+    folder = checkpoint_folder(name)
+    return load_model(folder), _task_of(folder)
+
+
+def _load(p: WindtunnelParams):
+    from ..models import load_model, model_identity
+
     folder = checkpoint_folder(p.checkpoint)
-    task = make_task(TrainConfig.from_dict(read_json(folder / "windtunnel.json")["config"]))
-    return folder, task, (lambda: load_model(folder)), model_identity(folder)
+    return folder, _task_of(folder), (lambda: load_model(folder)), model_identity(folder)
 
 
 def run(ctx, p: WindtunnelParams) -> Result:
