@@ -327,3 +327,30 @@ def test_quiet_silences_every_bar(tiny_dirs, tmp_path):
     quiet = subprocess.run(cmd + ["--quiet", "--redo", "mixed"], capture_output=True, text=True, env=env,
                            timeout=300)
     assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout
+
+
+def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
+    """The entropy-neuron, martingale (SULA and the bijection tunnel) and decoding kinds at toy sizes: their rows,
+    summary lines and figures come through the sweep like any other probe's."""
+    probes = write_probes(tmp_path / "p", {
+        "neurons.yaml": dict(kind="entropy_neurons", n_prompts=12, top_n=2, n_random=2, n_boot=20,
+                             n_random_directions=10, per_k=3, n_perm=20),
+        "mart.yaml": dict(kind="martingale", per_k=3, ks=[1, 2], n_perms=2, n_draws=2, n_null=3, n_boot=20),
+        "mart_wt.yaml": dict(kind="martingale", task="bijection-cpu", per_k=3, ks=[2, 6], n_perms=2, n_draws=2,
+                             n_null=3, n_boot=20),
+        "dec.yaml": dict(kind="decoding", layers=[1], readings=["resid", "v"], per_k=3, n_null=2, n_boot=20)})
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic",
+                                quiet=True, probes=probes))
+    rows = run.rows
+    assert find(rows, "neuron_rho", rank=1).null.startswith("all neurons")
+    assert {r.scope["target"] for r in select(rows, "corr_final_scale")} == {"entropy", "label_entropy"}
+    assert find(rows, "axis_null_rho") is not None
+    wt = select(rows, "martingale_gap_kl_bits", task="bijection")
+    assert [r.scope["k"] for r in wt] == [2, 6] and all(r.null_low <= r.null_high for r in wt)
+    assert select(rows, "order_sensitivity_js_bits", task="sula")
+    assert {r.scope["adjust"] for r in select(rows, "decoding_r2")} == {"raw", "deconfounded"}
+    labels = " ".join(line.label for line in run.summary())
+    assert "entropy-neuron candidates" in labels and "martingale gap" in labels and "decodable" in labels
+    page = (run.folder / "report.html").read_text()
+    for fig in ("fig-entropy-neurons-neurons", "fig-martingale-mart_wt", "fig-decoding-dec"):
+        assert fig in page
