@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/extract.py $(ARGS)
 	$(PY) bench/windtunnel.py
 	$(PY) bench/dynamics.py
+	$(PY) bench/grid.py
 
 # Paper-size wind tunnels on one GPU (hours; never run on the 2-core machine): the bijection, the paper's HMM and the
 # sticky HMM, each with its capacity-matched MLP. Folders under $(WT_OUT)/; each holds windtunnel.json with its

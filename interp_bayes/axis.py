@@ -13,6 +13,9 @@ values directly, mixing the two spaces).
 The sign is oriented so that projection grows with the entropy the axis was fitted against. Besides the in-sample
 correlation, ``folds``-fold cross-fitting gives a held-out one: each fold's projections come from an axis fitted on
 the other folds (the authors fitted and evaluated on the same prompts).
+
+A **conditional axis** (``control=`` nuisance covariates: position, length, k) is fitted on values and entropy
+residualised on the covariates, so it follows the part of entropy that position or k do not explain.
 """
 
 from __future__ import annotations
@@ -96,29 +99,61 @@ class EntropyAxis:
         return cls(direction=load_file(path / "axis.safetensors")["direction"], **meta)
 
 
-def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds: int, seed: int) -> np.ndarray:
-    """Each row projected on an axis fitted on the other folds, centred on that training fold's mean.
+def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds: int, seed: int,
+                             control: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each row projected on an axis fitted on the other folds, the target it is compared with, and the row's
+    unresidualised values projected on that same axis: the held-out readout a deconfounded analysis starts from).
 
-    Centring matters: each fold's axis has its own offset mean . u, and pooling uncentred projections across folds
-    mixes those offsets into the correlation (a constant added to every value would change it)."""
+    Projections are centred on the training fold's mean: each fold's axis has its own offset mean . u, and pooling
+    uncentred projections across folds mixes those offsets into the correlation (a constant added to every value
+    would change it). With ``control`` ([n, c] nuisance covariates), the values and the target are residualised on
+    them inside each fold: the coefficients are fitted on the training fold only and applied to the held-out fold,
+    so nothing about the held-out prompts leaks into the axis; the target returned is then the residualised one."""
     from sklearn.model_selection import KFold
+
+    from .confounds import residualize
 
     if folds > len(x):
         raise AxisError(f"folds={folds} exceeds the {len(x)} fit prompts; use fewer folds.")
-    out = np.empty(len(x))
+    out, target, raw = np.empty(len(x)), y.copy(), np.empty(len(x))
     for train, part in KFold(n_splits=folds, shuffle=True, random_state=seed).split(x):
-        out[part] = (x[part] - x[train].mean(axis=0)) @ _fit_direction(x[train], y[train], method)
-    return out
+        x_train, x_part, y_train = x[train], x[part], y[train]
+        if control is not None:
+            x_train, x_part = residualize(x_train, x_part, control[train], control[part])
+            y_train, target[part] = residualize(y_train, y[part], control[train], control[part])
+        u = _fit_direction(x_train, y_train, method)
+        out[part] = (x_part - x_train.mean(axis=0)) @ u
+        raw[part] = (x[part] - x[train].mean(axis=0)) @ u
+    return out, target, raw
+
+
+def _control_matrix(control, n: int) -> tuple[np.ndarray | None, list[str]]:
+    """Nuisance covariates as [n, c] and their names, from a dict of named columns or an array."""
+    if control is None:
+        return None, []
+    if isinstance(control, dict):
+        from .confounds import covariate_matrix
+
+        return covariate_matrix(control), list(control)
+    c = as_float64(control).reshape(n, -1)
+    return c, [f"covariate {i}" for i in range(c.shape[1])]
 
 
 def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int = 5, entropy=None,
-                     subset=None, seed: int = 0) -> EntropyAxis:
+                     subset=None, seed: int = 0, control=None) -> EntropyAxis:
     """Fit the entropy axis of ``layer`` from ``Activations`` (value reading).
 
     entropy: the target, default the model's own predictive entropy (``acts.entropy``); pass Bayes entropy to fit
     against the exact posterior. subset: indices of the prompts to fit on (the rest stay untouched, for
     cross-fitting against an evaluation set). folds: K for the held-out correlation (K >= 2; 0 or 1 skips it).
+    control: nuisance covariates, one row per prompt (a dict of named columns, e.g. from
+    ``confounds.nuisance_columns``, or an [n, c] array): the **conditional axis**. Values and target are
+    residualised on them (inside each training fold for the held-out number) before PC1 or ridge, so the axis
+    follows what entropy does beyond position, length or k; its in-sample and held-out correlations are then
+    partial correlations given the covariates.
     """
+    from .confounds import residualize
+
     x_all = as_float64(acts.values(layer))
     y_all = as_float64(acts.entropy if entropy is None else entropy)
     idx = np.arange(len(x_all)) if subset is None else np.asarray(subset)
@@ -126,15 +161,19 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     if np.ptp(x, axis=0).max() <= CONSTANT_RTOL * np.abs(x).max():  # every coordinate constant up to rounding
         raise AxisError(f"The values at layer {layer} are identical for every prompt (at layer 0 the final token's "
                          "value depends on that token alone); fit the axis at a later layer.")
-    u = _fit_direction(x, y, method)
+    cov_all, cov_names = _control_matrix(control, len(x_all))
+    cov = None if cov_all is None else cov_all[idx]
+    x_fit, y_fit = (x, y) if cov is None else (residualize(x, cov_train=cov), residualize(y, cov_train=cov))
+    u = _fit_direction(x_fit, y_fit, method)
     proj = x @ u
     held_out = None
     if folds and folds >= 2:
-        held_out = dict(correlations(cross_fitted_projections(x, y, method, folds=folds, seed=seed), y), folds=folds)
+        out, target, raw = cross_fitted_projections(x, y, method, folds=folds, seed=seed, control=cov)
+        held_out = dict(correlations(out, target), folds=folds, projections=raw.tolist())
     layer_idx = acts.layer_index(layer)
     provenance = dict(model=acts.meta.get("model"), layer=layer_idx, prompt_digest=acts.meta.get("prompt_digest"),
                       n_fit=int(len(idx)), fit_indices=idx.tolist(), target="model entropy" if entropy is None
-                      else "given entropy", seed=seed)
+                      else "given entropy", seed=seed, control=cov_names)
     return EntropyAxis(direction=torch.tensor(u, dtype=torch.float32), layer=layer_idx, method=method,
-                       sigma=float(proj.std(ddof=1)), in_sample=correlations(proj, y), held_out=held_out,
+                       sigma=float(proj.std(ddof=1)), in_sample=correlations(x_fit @ u, y_fit), held_out=held_out,
                        provenance=provenance)

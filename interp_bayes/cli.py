@@ -1,47 +1,42 @@
-"""Command line: parse, call the library, print. ``interp-bayes --help`` lists the commands."""
+"""Command line: parse, call the library, print. ``interp-bayes --help`` lists the commands.
+
+Only the chosen command's module is imported (and its arguments built), so ``--help`` answers at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from importlib import import_module
 
 from .errors import InterpBayesError
 
-
-def _sweep(args: argparse.Namespace) -> None:
-    from .config import SweepConfig
-    from .report.html import build_report
-    from .report.tables import markdown_summary
-    from .sweep import run_sweep
-
-    base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
-    config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts, probes=args.probes,
-                           layers=args.layers, seed=args.seed,
-                           dtype=args.dtype, device=args.device, batch_size=args.batch_size, threads=args.threads,
-                           quiet=True if args.quiet else None)
-    run = run_sweep(config)
-    print(markdown_summary(run.metrics, config.model))
-    print(f"run folder: {run.folder}")
-    print(f"report: {build_report(run.folder)}")
+log = logging.getLogger("interp_bayes")
 
 
-def _models(args: argparse.Namespace) -> None:
-    from .models import list_models
+def _configure_output(quiet: bool, verbose: bool) -> None:
+    """Messages through ``logging``: stage lines by default, none with --quiet (also no progress bars, ours or
+    Hugging Face's), library debug logs with --verbose."""
+    logging.basicConfig(format="%(message)s" if not verbose else "%(asctime)s %(name)s: %(message)s",
+                        level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stdout)
+    log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
+    if quiet:
+        for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
+            os.environ[var] = "1"
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        from transformers.utils import logging as hf_logging
 
-    for spec in list_models():
-        print(f"{spec.alias:14s} {spec.checkpoint:40s} {spec.family:9s} {spec.params:>6s}  {spec.notes}")
+        hf_logging.disable_progress_bar()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="interp-bayes", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("sweep", help="run the analyses on one model and write a run folder")
+def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of SweepConfig keys; flags override it")
-    p.add_argument("--model", help="registry alias, local HF folder or Hub id (default smollm2-135m)")
+    p.add_argument("--model", help="registry alias, local HF folder, .gguf file or Hub id (default smollm2-135m)")
     p.add_argument("--revision", help="Hub revision of the model (branch, tag or commit, e.g. step1000)")
     p.add_argument("--out", help="root folder for runs (default reports)")
-    p.add_argument("--prompts", help="prompt pool of the manifold probes: built-in set or JSONL file (default pool)")
+    p.add_argument("--prompts", help="prompt pool of the manifold and focusing probes: built-in set or JSONL file")
     p.add_argument("--probes", nargs="+", help="probe names (probes/*.yaml) or YAML paths (default: all)")
     p.add_argument("--layers", type=int, nargs="+", help="layers to collect, negative from the end (default -1)")
     p.add_argument("--seed", type=int)
@@ -49,37 +44,147 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
+    p.add_argument("--redo", nargs="+", default=(), metavar="PROBE", help="recompute these probes even if cached")
+    p.add_argument("--dry-run", action="store_true", help="print what is cached and what the rest will cost; run nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
-    p.set_defaults(func=_sweep)
+    p.add_argument("--verbose", action="store_true", help="debug logging (ours and the libraries')")
 
-    from .dynamics import add_dynamics_arguments, dynamics_main
-    from .report.html import add_compare_arguments, add_report_arguments, compare_main, report_main
-    from .windtunnel.train import add_train_args, run_train
 
-    for name, help_text, add_arguments, func in (
-        ("train", "train a wind-tunnel model (bijection or HMM) or its MLP baseline", add_train_args, run_train),
-        ("dynamics", "Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
-         add_dynamics_arguments, dynamics_main),
-        ("report", "(re)build report.html of a run folder from the folder alone", add_report_arguments, report_main),
-        ("compare", "one page comparing several run folders (Paper III Table 2 layout)", add_compare_arguments,
-         compare_main),
-    ):
-        p = sub.add_parser(name, help=help_text)
-        add_arguments(p)
+def _sweep(args: argparse.Namespace) -> int:
+    from .config import SweepConfig
+    from .report.tables import markdown_summary
+    from .sweep import plan_sweep, run_sweep
+
+    base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
+    config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts,
+                           probes=args.probes, layers=args.layers, seed=args.seed, dtype=args.dtype,
+                           device=args.device, batch_size=args.batch_size, threads=args.threads,
+                           quiet=True if args.quiet else None)
+    if args.dry_run:
+        return _print_plan(plan_sweep(config))
+    run = run_sweep(config, redo=args.redo)
+    print(markdown_summary(run.summary(), config.model))
+    print(f"run folder: {run.folder}")
+    print(f"report: {run.folder / 'report.html'}")
+    return 0
+
+
+def _print_plan(items) -> int:
+    forwards = sum(i.forwards for i in items)
+    disk = sum(i.disk_bytes for i in items)
+    for i in items:
+        state = "cached" if i.cached else "unknown until earlier stages run" if i.cached is None else "to compute"
+        extra = f", {i.forwards} prompt forwards" if i.forwards else ""
+        print(f"{i.probe:20s} {i.what} [{state}{extra}]")
+    print(f"total still to run: {forwards} prompt forwards, about {disk / 2**20:.1f} MiB of activations")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from .models import list_models
+
+    for spec in list_models():
+        print(f"{spec.alias:14s} {spec.checkpoint:40s} {spec.family:9s} {spec.params:>6s}  {spec.notes}")
+    return 0
+
+
+def _probes(args: argparse.Namespace) -> int:
+    """Probe kinds with their parameters and defaults, then the built-in recipes."""
+    from .kinds import BUILTIN, get_kind
+    from .sweep import builtin_probes, load_probe
+
+    for name in BUILTIN:
+        kind = get_kind(name)
+        print(f"kind {name}: {(kind.doc or '').strip().splitlines()[0]}")
+        for key, value in kind.params.defaults().items():
+            print(f"    {key} = {value!r}")
+    print("\nrecipes (probes/*.yaml):")
+    for name in builtin_probes():
+        probe = load_probe(name)
+        changed = {k: v for k, v in probe.params.to_dict().items() if probe.kind.params.defaults().get(k) != v and
+                   not (isinstance(v, list) and list(probe.kind.params.defaults().get(k) or ()) == v)}
+        print(f"  {name:24s} kind {probe.kind.name}{'' if probe.default else ' (opt-in: name it with --probes)'}; "
+              + (", ".join(f"{k}={v}" for k, v in changed.items()) or "defaults"))
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    from .report.view import RunView
+    from .results import to_csv, to_json
+
+    rows = RunView.load(args.run).rows()
+    text = to_csv(rows) if args.format == "csv" else to_json(rows)
+    if args.out:
+        from .store import atomic_write_text
+
+        print(atomic_write_text(args.out, text))
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _add_results_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run folder written by `interp-bayes sweep`")
+    p.add_argument("--format", choices=["csv", "json"], default="csv")
+    p.add_argument("--out", help="write to this file instead of standard output")
+
+
+def _run_module(module: str, func: str):
+    return lambda args: getattr(import_module(module, __package__), func)(args)
+
+
+# command -> (help, (module, argument adder) or a local adder, the function to call)
+COMMANDS = {
+    "sweep": ("run the probes on one model and write a run folder with its report", _add_sweep_arguments, _sweep),
+    "probes": ("list the probe kinds with their parameters and defaults, and the built-in recipes", None, _probes),
+    "results": ("export a run's tidy results table (one row per number) as CSV or JSON", _add_results_arguments,
+                _results),
+    "report": ("(re)build report.html of a run folder from the folder alone",
+               (".report.html", "add_report_arguments"), _run_module(".report.html", "report_main")),
+    "compare": ("one page comparing several run folders (Paper III Table 2 layout)",
+                (".report.html", "add_compare_arguments"), _run_module(".report.html", "compare_main")),
+    "train": ("train a wind-tunnel model or its MLP baseline", (".windtunnel.train", "add_train_args"),
+              _run_module(".windtunnel.train", "run_train")),
+    "dynamics": ("Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
+                 (".dynamics.cli", "add_dynamics_arguments"), _run_module(".dynamics.cli", "dynamics_main")),
+    "models": ("list the registry's model aliases", None, _models),
+    "grid": ("run many sweeps (models x revisions x seeds) locally or on Ray, and build the grid page",
+             (".grid", "add_grid_arguments"), _run_module(".grid", "grid_main")),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s arguments are built (importing its module), so --help stays fast."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="interp-bayes", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"interp-bayes {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, adder, func) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name != command:
+            continue
+        if isinstance(adder, tuple):
+            getattr(import_module(adder[0], __package__), adder[1])(p)
+        elif adder is not None:
+            adder(p)
         p.set_defaults(func=func)
-
-    p = sub.add_parser("models", help="list the registry's model aliases")
-    p.set_defaults(func=_models)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    _configure_output(getattr(args, "quiet", False), getattr(args, "verbose", False))
     try:
         return args.func(args) or 0
     except InterpBayesError as err:
         print(f"interp-bayes: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:
+        print(f"\ninterp-bayes: {err or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -9,16 +9,12 @@ from pathlib import Path
 
 import yaml
 
-from .errors import InterpBayesError
+from .errors import ConfigError
 from .models import DEFAULT_MODEL
 
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
 _NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes"}
-
-
-class ConfigError(InterpBayesError, ValueError):
-    """A configuration file or flag the toolkit does not understand."""
 
 
 @dataclass

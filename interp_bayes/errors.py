@@ -31,3 +31,11 @@ class InterventionError(InterpBayesError, ValueError):
 
 class ConfigError(InterpBayesError, ValueError):
     """A configuration file, flag or parameter the toolkit does not understand."""
+
+
+class GridError(InterpBayesError, RuntimeError):
+    """Cells of a grid that failed (or that no node of the cluster can take); the message names them and their logs."""
+
+
+class UnsupportedModelError(InterpBayesError, ValueError):
+    """A model that lacks a part an analysis needs (e.g. a final norm with a scale hook, an MLP)."""

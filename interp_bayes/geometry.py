@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from .errors import ConfigError
+
 CI_LEVEL = 0.95
 
 
@@ -31,10 +33,21 @@ def standardise(x) -> np.ndarray:
     return (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
 
 
+def thin_svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD. LAPACK's divide-and-conquer driver (gesdd, numpy's) now and then fails to converge on a benign
+    matrix (seen on SmolLM2's layer-24 residuals); the slower gesvd driver then takes over."""
+    try:
+        return np.linalg.svd(x, full_matrices=False)
+    except np.linalg.LinAlgError:
+        from scipy.linalg import svd
+
+        return svd(x, full_matrices=False, lapack_driver="gesvd")
+
+
 def pca(x, *, standardize: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(explained-variance ratios, components [k, d], scores [n, k]) of the rows of ``x`` via SVD."""
     x = standardise(x) if standardize else as_float64(x) - as_float64(x).mean(axis=0)
-    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    _, s, vt = thin_svd(x)
     var = s**2
     return var / var.sum(), vt, x @ vt.T
 
@@ -64,16 +77,26 @@ def _interval(samples: np.ndarray) -> list[float]:
     return [float(np.quantile(samples, a)), float(np.quantile(samples, 1 - a))]
 
 
+def bootstrap_over_prompts(statistic, n: int, *, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Percentile bootstrap over the n prompts (rows) of ``statistic(indices) -> [m] numbers`` with
+    ``scipy.stats.bootstrap``: (the bootstrap distribution [n_boot, m], 95% lows [m], highs [m])."""
+    res = stats.bootstrap((np.arange(n),), lambda idx: np.atleast_1d(statistic(idx)), vectorized=False,
+                          n_resamples=n_boot, method="percentile", confidence_level=CI_LEVEL,
+                          rng=np.random.default_rng(seed))
+    dist = np.atleast_2d(res.bootstrap_distribution).T
+    return dist, np.atleast_1d(res.confidence_interval.low), np.atleast_1d(res.confidence_interval.high)
+
+
 def bootstrap_shares(x, *, n_boot: int = 1000, seed: int = 0) -> dict:
     """Bootstrap over prompts (rows) of the PC1 and PC1+PC2 shares: mean and 95% percentile interval.
 
     As in Paper III's Table 1. Biased upward when prompts are fewer than coordinates: a resample repeats about a
     third of its rows, and repeated rows add spurious shared variance; ``resample_shares`` avoids that."""
     x = as_float64(x)
-    rng = np.random.default_rng(seed)
-    out = np.array([shares(spectrum(x[rng.integers(0, len(x), len(x))])) for _ in range(n_boot)])
-    return dict(pc1_mean=float(out[:, 0].mean()), pc1_ci=_interval(out[:, 0]),
-                pc12_mean=float(out[:, 1].mean()), pc12_ci=_interval(out[:, 1]), n_boot=n_boot)
+    dist, low, high = bootstrap_over_prompts(lambda idx: np.array(shares(spectrum(x[idx]))), len(x), n_boot=n_boot,
+                                             seed=seed)
+    return dict(pc1_mean=float(dist[:, 0].mean()), pc1_ci=[float(low[0]), float(high[0])],
+                pc12_mean=float(dist[:, 1].mean()), pc12_ci=[float(low[1]), float(high[1])], n_boot=n_boot)
 
 
 def resample_shares(x, draws: list) -> dict:
@@ -98,7 +121,7 @@ def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0)
             return np.take_along_axis(x, rng.permuted(np.tile(np.arange(n)[:, None], (1, d)), axis=0), axis=0)
         if kind == "gaussian":
             return rng.standard_normal((n, d)) * sd
-        raise ValueError(f"Unknown null kind '{kind}'; choose 'permuted' or 'gaussian'.")
+        raise ConfigError(f"Unknown null kind '{kind}'; choose 'permuted' or 'gaussian'.")
 
     out = np.array([shares(spectrum(draw())) for _ in range(n_draws)])
     return dict(kind=kind, pc1_mean=float(out[:, 0].mean()), pc1_range=_interval(out[:, 0]),
@@ -199,10 +222,14 @@ def attention_focusing(attn_entropy: dict[int, torch.Tensor], *, n_boot: int = 1
     over prompts, with bootstrap intervals over prompts; and the reduction from the first to the last layer."""
     layers = sorted(attn_entropy)
     per_prompt = np.stack([as_float64(attn_entropy[layer]).mean(axis=1) for layer in layers])  # [layers, n]
-    rng = np.random.default_rng(seed)
-    n = per_prompt.shape[1]
-    boot = np.stack([per_prompt[:, rng.integers(0, n, n)].mean(axis=1) for _ in range(n_boot)])  # [B, layers]
     mean = per_prompt.mean(axis=1)
-    reduction = (boot[:, 0] - boot[:, -1]) / boot[:, 0]
-    return dict(layers=layers, mean_entropy=mean.tolist(), ci=[_interval(boot[:, i]) for i in range(len(layers))],
-                reduction=float((mean[0] - mean[-1]) / mean[0]), reduction_ci=_interval(reduction))
+
+    def stat(idx):  # per-layer means, then the first-to-last reduction
+        m = per_prompt[:, idx].mean(axis=1)
+        return np.append(m, (m[0] - m[-1]) / m[0])
+
+    _, low, high = bootstrap_over_prompts(stat, per_prompt.shape[1], n_boot=n_boot, seed=seed)
+    return dict(layers=layers, mean_entropy=mean.tolist(),
+                ci=[[float(a), float(b)] for a, b in zip(low[:-1], high[:-1])],
+                reduction=float((mean[0] - mean[-1]) / mean[0]), reduction_ci=[float(low[-1]), float(high[-1])],
+                n_prompts=int(per_prompt.shape[1]))

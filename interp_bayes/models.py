@@ -155,9 +155,18 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve(name_or_path: str | os.PathLike) -> tuple[str, bool]:
-    """Map an alias, folder or Hub id to (source, is_local). Raises with the fix when it cannot."""
-    name = os.fspath(name_or_path)
+def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> tuple[str, bool]:
+    """Map an alias, folder or Hub id to (source, is_local). Raises with the fix when it cannot, and when a revision
+    is asked of a local folder (Hugging Face would ignore it, and the run would be labelled with a checkpoint it
+    is not)."""
+    source, local = _resolve(os.fspath(name_or_path))
+    if local and revision is not None:
+        raise ModelNotFoundError(f"'{name_or_path}' is a local folder, which has no revisions (asked: {revision!r}); "
+                                 "pass that checkpoint's own folder, or a Hub id with the revision.")
+    return source, local
+
+
+def _resolve(name: str) -> tuple[str, bool]:
     if name == DEFAULT_MODEL:
         return str(smollm2_folder()), True
     if name in REGISTRY:
@@ -204,7 +213,7 @@ def model_identity(name_or_path: str | os.PathLike, revision: str | None = None)
     is the same model, and any changed file makes a new one."""
     import hashlib
 
-    source, local = resolve(name_or_path)
+    source, local = resolve(name_or_path, revision)
     if not local:
         return dict(hub=source, revision=revision)
     h = hashlib.sha256()
@@ -255,36 +264,181 @@ def _check_causal_lm(config, source: str) -> None:
         )
 
 
-def count_parameters(config) -> int:
-    """Parameter count from the config alone: accelerate builds the model on the meta device, allocating nothing."""
+def _empty_model(config):
+    """The model built on the meta device from its config: shapes without memory (accelerate's init_empty_weights)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
     model.tie_weights()  # from_config on meta leaves tied embeddings untied; parameters() dedups once tied
-    return sum(p.numel() for p in model.parameters())
+    return model
+
+
+def count_parameters(config) -> int:
+    """Parameter count from the config alone: accelerate builds the model on the meta device, allocating nothing."""
+    return sum(p.numel() for p in _empty_model(config).parameters())
 
 
 def default_dtype(n_params: int) -> torch.dtype:
     return torch.float32 if n_params <= BF16_ABOVE_PARAMS else torch.bfloat16
 
 
+def device_bytes_needed(device: str, weight_bytes: int) -> int:
+    """Bytes a device needs to take ``weight_bytes`` of weights: RAM the weights with their transient copies plus
+    the runtime, an accelerator the weights plus the runtime, the disk the weights."""
+    if device == "cpu":
+        return int(weight_bytes * LOAD_WEIGHT_FACTOR) + LOAD_OVERHEAD_BYTES
+    return weight_bytes + (LOAD_OVERHEAD_BYTES if device.startswith("cuda") else 0)
+
+
 def memory_needed(n_params: int, dtype: torch.dtype) -> int:
     """Bytes of RAM a load needs: weights with transient copies, plus a fixed overhead."""
-    return int(n_params * torch.finfo(dtype).bits // 8 * LOAD_WEIGHT_FACTOR) + LOAD_OVERHEAD_BYTES
+    return device_bytes_needed("cpu", n_params * torch.finfo(dtype).bits // 8)
 
 
-def _preflight(name: str, n_params: int, dtype: torch.dtype, device: str) -> None:
-    if device != "cpu":  # accelerator memory is checked by the loader itself
-        return
-    need, avail = memory_needed(n_params, dtype), psutil.virtual_memory().available
-    if need > avail:
-        raise ModelLoadError(
-            f"'{name}' needs about {need / 2**30:.1f} GiB of RAM in {str(dtype).removeprefix('torch.')} "
-            f"({n_params / 1e9:.2f}B parameters) but only {avail / 2**30:.1f} GiB is free; "
-            "pass dtype=torch.bfloat16, free memory, or use a machine with more RAM."
-        )
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's, as from_pretrained
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where a model's modules go (module name -> device) and the bytes of weights each device receives."""
+
+    device_map: dict[str, str]
+    shares: dict[str, int]
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether accelerate places the weights (any map other than the whole model on the CPU)."""
+        return self.device_map != {"": "cpu"}
+
+
+def _device_name(device) -> str:
+    """One spelling per device: 0 and 'cuda' -> 'cuda:0'; 'cpu', 'disk', 'cuda:1' stay."""
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    name = str(device)
+    return "cuda:0" if name == "cuda" else name
+
+
+def plan_devices(empty_model, dtype: torch.dtype, device_map: str | dict | None = None, *,
+                 device: str | torch.device | None = None, max_memory: dict | None = None) -> DevicePlan:
+    """Where every module of a model built on the meta device (``_empty_model``) goes, without loading weights:
+    ``device_map`` as ``from_pretrained`` resolves it (accelerate's "auto", "balanced", "balanced_low_0",
+    "sequential" under ``max_memory``; a dict as given, checked to cover every weight), or all of it on ``device``."""
+    from transformers.integrations.accelerate import compute_module_sizes
+
+    model = empty_model.to(dtype)
+
+    sizes = compute_module_sizes(model)[0]  # module name -> bytes of its weights and buffers
+    if device_map is None:
+        placed = {"": _device_name(device or ("cuda" if torch.cuda.is_available() else "cpu"))}
+    elif isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
+        # transformers' own resolver, so the preflight checks the very map from_pretrained loads
+        from transformers.integrations.accelerate import _get_device_map
+
+        placed = {k: _device_name(v) for k, v in _get_device_map(model, device_map, max_memory, None).items()}
+    elif isinstance(device_map, dict):
+        placed = {k: _device_name(v) for k, v in device_map.items()}
+        modules = [name for name, _ in model.named_modules()]
+        unknown = sorted(set(placed) - set(modules))
+        if unknown:
+            raise ModelLoadError(f"device_map names {', '.join(repr(k) for k in unknown[:3])}, not modules of this "
+                                 f"model; module names look like {', '.join(repr(k) for k in modules[1:4])}.")
+        uncovered = [n for n, _ in model.named_parameters()
+                     if not any(k == "" or n == k or n.startswith(k + ".") for k in placed)]
+        if uncovered:
+            raise ModelLoadError(f"device_map gives no device to {', '.join(uncovered[:3])}"
+                                 f"{' and others' if len(uncovered) > 3 else ''}; map every module (or '' for the "
+                                 "rest of the model).")
+    else:
+        raise ModelLoadError(f"device_map must be one of {', '.join(DEVICE_MAP_STRATEGIES)} or a dict of module -> "
+                             f"device, not {device_map!r}.")
+    embedding = next(name for name, m in model.named_modules() if m is model.get_input_embeddings())
+    home = max((k for k in placed if k == "" or embedding == k or embedding.startswith(k + ".")), key=len)
+    if placed[home] == "disk":  # token ids go to the embedding's device, which must hold real weights
+        raise ModelLoadError(f"The device map puts the input embedding ({embedding}) on disk; keep it on cpu or a "
+                             "GPU (raise max_memory there, or map it explicitly).")
+    shares: dict[str, int] = {}
+    for module, dev in placed.items():
+        shares[dev] = shares.get(dev, 0) + sizes.get(module, 0)
+    return DevicePlan(placed, shares)
+
+
+def _free_bytes(device: str, offload_folder: str | os.PathLike | None) -> int:
+    """Bytes free now on a device: RAM for 'cpu', free memory of a CUDA device, free space under the offload folder
+    for 'disk'. A device that does not exist here is refused."""
+    import shutil
+
+    if device == "cpu":
+        return psutil.virtual_memory().available
+    if device == "disk":
+        if offload_folder is None:
+            raise ModelLoadError("The device map offloads modules to disk; pass offload_folder=DIR (a folder with "
+                                 "room for them).")
+        folder = Path(offload_folder).expanduser().resolve()
+        while not folder.exists():
+            folder = folder.parent
+        return shutil.disk_usage(folder).free
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index >= count:
+            raise ModelLoadError(f"The device map puts modules on {device}, but this machine has {count} CUDA "
+                                 f"device(s); map them to {', '.join(f'cuda:{i}' for i in range(count)) or 'cpu'}.")
+        return torch.cuda.mem_get_info(index)[0]
+    raise ModelLoadError(f"Unsupported device '{device}' in the device map; use 'cpu', 'disk' or 'cuda:N'.")
+
+
+def _preflight(name: str, plan: DevicePlan, dtype: torch.dtype, n_params: int,
+               offload_folder: str | os.PathLike | None) -> None:
+    """Refuse a load that a device cannot hold (``device_bytes_needed``), naming the device."""
+    gpus = sorted(d for d in plan.shares if d.startswith("cuda"))
+    if gpus and set(plan.shares) & {"cpu", "disk"}:
+        raise ModelLoadError(f"The device map puts '{name}' on {', '.join(gpus)} and on cpu/disk, which "
+                             "TransformerLens does not support (mixed GPU and CPU/disk offload); give the GPUs more "
+                             "max_memory, add GPUs or use a smaller dtype, or keep it all on cpu and disk.")
+    dtype_name = str(dtype).removeprefix("torch.")
+    for device, share in plan.shares.items():
+        free, need = _free_bytes(device, offload_folder), device_bytes_needed(device, share)
+        if need <= free:
+            continue
+        if not plan.dispatched:
+            raise ModelLoadError(
+                f"'{name}' needs about {need / 2**30:.1f} GiB of RAM in {dtype_name} ({n_params / 1e9:.2f}B "
+                f"parameters) but only {free / 2**30:.1f} GiB is free; pass dtype=torch.bfloat16, free memory, use a "
+                "machine with more RAM, or split it with device_map='auto' and offload_folder=DIR.")
+        fix = ("free disk space there or choose another offload_folder" if device == "disk" else
+               f"pass dtype=torch.bfloat16 or device_map='auto' to split it over several devices"
+               if len(plan.shares) == 1 else
+               f"give {device} fewer modules (max_memory={{...: smaller}} with device_map='auto', or an explicit "
+               "device_map), or pass offload_folder=DIR to spill to disk")
+        raise ModelLoadError(f"{device} cannot hold its share of '{name}': about {need / 2**30:.2f} GiB "
+                             f"({100 * share / max(sum(plan.shares.values()), 1):.0f}% of the weights in {dtype_name}) "
+                             f"but only {free / 2**30:.2f} GiB is free there; {fix}.")
+
+
+def _load_kwargs(local: bool, revision: str | None, trust_remote_code: bool) -> dict:
+    kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local or None)
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _tokenizer(source: str, kw: dict):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, **kw)
+    except (OSError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"'{source}' has no loadable tokenizer ({err}); save one beside the weights with "
+                             "tokenizer.save_pretrained(folder).") from err
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False):
+    """The checkpoint's own tokenizer (its own BOS policy) without loading weights; offline Hub ids fail fast with
+    the fix, as ``load_model`` does."""
+    source, local = resolve(name_or_path, revision)
+    load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
+    return _tokenizer(source, _load_kwargs(local, revision, trust_remote_code))
 
 
 def load_model(
@@ -294,37 +448,46 @@ def load_model(
     device: str | torch.device | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ):
     """Load an alias, a local HF folder or a Hub id as a raw-weight ``TransformerBridge`` in eval mode.
 
     dtype defaults to float32 up to ~3B parameters and bfloat16 above. The model's provenance is available as
     ``model_info(bridge)``. Hooks use TransformerLens names: ``blocks.{L}.attn.hook_v`` is
     ``[batch, pos, n_kv_heads, d_head]``.
+
+    A model bigger than one device loads with ``device_map`` ("auto", "balanced", "sequential" or a dict of module
+    -> device, placed by accelerate; ``max_memory`` caps each device, e.g. ``{0: "70GiB", 1: "70GiB"}``, and
+    modules mapped to "disk" go to ``offload_folder``). Each device's share is checked before anything loads, and
+    the error names the device that cannot hold it. Hooks then run on each layer's own device.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
 
+    if device is not None and device_map is not None:
+        raise ModelLoadError("Pass device= (one device) or device_map= (several), not both.")
     name = os.fspath(name_or_path)
-    source, local = resolve(name)
+    source, local = resolve(name, revision)
     config = load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     _check_causal_lm(config, source)
-    n_params = count_parameters(config)
+    empty = _empty_model(config)
+    n_params = sum(p.numel() for p in empty.parameters())
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or default_dtype(n_params))
-    device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    _preflight(name, n_params, dtype, device)
-    kw = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local or None)
-    kw = {k: v for k, v in kw.items() if v is not None}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kw)
-    except (OSError, ValueError, TypeError) as err:
-        raise ModelLoadError(f"'{source}' has no loadable tokenizer ({err}); save one beside the weights with "
-                             "tokenizer.save_pretrained(folder).") from err
-    hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **kw)
-    bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
+    plan = plan_devices(empty, dtype, device_map, device=device, max_memory=max_memory)
+    _preflight(name, plan, dtype, n_params, offload_folder)
+    kw = _load_kwargs(local, revision, trust_remote_code)
+    tokenizer = _tokenizer(source, kw)
+    placement = dict(device_map=plan.device_map, offload_folder=offload_folder) if plan.dispatched else {}
+    hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **placement,
+                                                    **kw)
+    bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer,
+                                                 device=None if plan.dispatched else "cpu", dtype=dtype)
     bridge.eval()
     # TransformerLens rebuilds the tokenizer with add_bos_token=True; text is tokenised with a fresh copy of the
     # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
-    bridge._ib_tokenizer = AutoTokenizer.from_pretrained(source, **kw)
+    bridge._ib_tokenizer = _tokenizer(source, kw)
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
                                 n_params=n_params, revision=revision)
     return bridge

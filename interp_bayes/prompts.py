@@ -50,17 +50,61 @@ def load_prompts(name_or_path: str | Path):
     return _rows_to_dataset(rows, str(path))
 
 
-def load_hf_prompts(dataset: str, *, split: str = "train", text_column: str = "text", domain: str | None = None,
-                    n: int | None = None, config: str | None = None):
-    """Prompts from a Hugging Face dataset (needs the network or a local copy), e.g. Wikipedia or news corpora."""
-    from datasets import load_dataset
+def load_hf_prompts(dataset: str, *, split: str = "train", text_column: str = "text",
+                    domain_column: str | None = None, domain: str | None = None, n: int | None = None,
+                    config: str | None = None):
+    """Prompts from a Hugging Face dataset: a Hub name (needs the network or the datasets cache), a folder saved
+    with ``Dataset.save_to_disk``, or a local data folder/file that ``datasets.load_dataset`` reads (JSON, CSV,
+    Parquet, text). ``domain_column`` names a column of domains; otherwise every row gets ``domain`` (default: the
+    dataset's name)."""
+    import datasets
 
-    ds = load_dataset(dataset, config, split=split if n is None else f"{split}[:{n}]")
-    if text_column not in ds.column_names:
-        raise PromptError(f"Dataset '{dataset}' has no column '{text_column}' (columns: {ds.column_names}); "
-                          "pass text_column=.")
-    rows = [dict(text=t, domain=domain or dataset, source=dataset) for t in ds[text_column] if t]
+    path = Path(dataset).expanduser()
+    try:
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
+            ds = datasets.load_from_disk(str(path))
+            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+            ds = ds.select(range(min(n, len(ds)))) if n is not None else ds
+        elif path.is_file():  # one data file: its format from the suffix
+            builder = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(
+                path.suffix, "json")
+            ds = datasets.load_dataset(builder, data_files=str(path), split=split if n is None else f"{split}[:{n}]")
+        else:
+            ds = datasets.load_dataset(str(path) if path.exists() else dataset, config,
+                                       split=split if n is None else f"{split}[:{n}]")
+    except (ConnectionError, FileNotFoundError, OSError, ValueError) as err:
+        where = "a local dataset folder" if path.exists() else "the Hugging Face Hub (or its local cache)"
+        reason = type(err).__name__
+        raise PromptError(f"Cannot load the prompt dataset '{dataset}' (split '{split}') from {where} ({reason}); "
+                          "pass a local folder or file, or run where the Hub is reachable.") from err
+    for column in (text_column, domain_column):
+        if column is not None and column not in ds.column_names:
+            raise PromptError(f"Dataset '{dataset}' has no column '{column}' (columns: {ds.column_names}).")
+    domains = ds[domain_column] if domain_column else [domain or dataset] * len(ds)
+    rows = [dict(text=t, domain=str(d), source=dataset) for t, d in zip(ds[text_column], domains) if t]
     return _rows_to_dataset(rows, dataset)
+
+
+def load_source(spec):
+    """A probe's prompt source: a built-in set name, a JSONL path, or a mapping ``{dataset: NAME_OR_PATH, split,
+    column, domain_column, n, config}`` read through ``datasets`` (with its cache)."""
+    if isinstance(spec, dict):
+        known = {"dataset", "split", "column", "domain_column", "domain", "n", "config"}
+        unknown = sorted(set(spec) - known)
+        if unknown or "dataset" not in spec:
+            raise PromptError(f"A dataset prompt source needs 'dataset' and takes {sorted(known)}; got {sorted(spec)}.")
+        return load_hf_prompts(spec["dataset"], split=spec.get("split", "train"), text_column=spec.get("column", "text"),
+                               domain_column=spec.get("domain_column"), domain=spec.get("domain"), n=spec.get("n"),
+                               config=spec.get("config"))
+    return load_prompts(spec)
+
+
+def source_label(spec) -> str:
+    """A short file-name-safe label of a prompt source (for activation-set folders)."""
+    import re
+
+    name = spec["dataset"] if isinstance(spec, dict) else str(spec)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).stem or name)[:40]
 
 
 def stratified_sample(entropy, *, per_bin: int = 15, n_bins: int = 5, seed: int = 0) -> list[int]:

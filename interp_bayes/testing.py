@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConfigError
+
 TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral", "gpt2")
 _TEXTS = [
     "the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
@@ -40,7 +42,7 @@ def tiny_config(family: str):
                           n_head=c["num_attention_heads"], n_inner=c["intermediate_size"],
                           n_positions=c["max_position_embeddings"], bos_token_id=0, eos_token_id=0, pad_token_id=1,
                           tie_word_embeddings=False, activation_function="gelu")
-    raise ValueError(f"Unknown tiny family '{family}'; choose one of {', '.join(TINY_FAMILIES)}.")
+    raise ConfigError(f"Unknown tiny family '{family}'; choose one of {', '.join(TINY_FAMILIES)}.")
 
 
 def expected_parameters(config) -> int:
@@ -98,3 +100,32 @@ def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0):
     make_tokenizer(out_dir)
     model.save_pretrained(out_dir)  # before any bridge wraps (and mutates) the module
     return model.eval()
+
+
+# Probe recipes small enough for a tiny model to finish each in about a second, covering every headline of the grid
+# page (manifold, icl, axis, interventions) and the weights-only keys probe: the grid tests' and benchmark's cells.
+TOY_PROBES = {
+    "keys": dict(kind="keys", n_null=10),
+    "mixed": dict(kind="manifold", per_bin=4, n_boot=100, n_null=30, n_resample=30),
+    "icl": dict(kind="icl", conditions=["main"], per_k=4, layers=[1], n_boot=50, n_null=10),
+    "axis": dict(kind="axis", per_k=4, layers=[1], folds=3),
+    "cut": dict(kind="interventions", per_k=4, layers=[1], layer_sets=[[1]], ops=["cut"],
+                controls={"isotropic": 1, "matched": 1}),
+}
+
+
+def write_toy_recipes(folder: str | Path, scale: int = 1) -> list[str]:
+    """Write ``TOY_PROBES`` as YAML recipes into ``folder`` and return their paths (in order). ``scale`` multiplies
+    the manifold probe's resampling counts, to make a cell longer."""
+    import yaml
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, body in TOY_PROBES.items():
+        if body["kind"] == "manifold":
+            body = dict(body, **{k: body[k] * scale for k in ("n_boot", "n_null", "n_resample")})
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(body))
+        paths.append(str(folder / f"{name}.yaml"))
+    return paths
+

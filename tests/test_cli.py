@@ -1,16 +1,19 @@
-"""The command line and the sweep runner end to end on a tiny model: run folder, resume, errors without tracebacks."""
+"""The command line and the sweep runner end to end on a tiny model: run folder, tidy rows, caching by content,
+parameters checked, errors without tracebacks."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
 from interp_bayes.cli import main
 from interp_bayes.config import ConfigError, SweepConfig
-from interp_bayes.sweep import builtin_probes, load_probe, run_sweep
+from interp_bayes.results import find, select
+from interp_bayes.sweep import builtin_probes, load_probe, plan_sweep, run_sweep
 
 SMALL_PROBES = {  # the built-in recipes at toy sizes, for the 64-prompt basic set and a 2-layer model
     "mixed.yaml": dict(kind="manifold", per_bin=4, n_boot=30, n_null=10, n_resample=10),
@@ -22,13 +25,16 @@ SMALL_PROBES = {  # the built-in recipes at toy sizes, for the 64-prompt basic s
 }
 
 
+def write_probes(folder, probes: dict) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, body in probes.items():
+        (folder / name).write_text(yaml.safe_dump(body))
+    return [str(folder / name) for name in probes]
+
+
 @pytest.fixture
 def small_probes(tmp_path):
-    paths = []
-    for name, body in SMALL_PROBES.items():
-        (tmp_path / name).write_text(yaml.safe_dump(body))
-        paths.append(str(tmp_path / name))
-    return paths
+    return write_probes(tmp_path / "probes", SMALL_PROBES)
 
 
 def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, capsys):
@@ -37,37 +43,216 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
             "--probes", *small_probes]
     assert main(args) == 0
     (folder,) = list(out.glob("*/*"))
-    for name in ("config.yaml", "env.json", "metrics.json", "sula_task.json"):
+    for name in ("config.yaml", "env.json", "run.json", "model.json", "sula_task.json", "results.csv", "report.html"):
         assert (folder / name).exists(), name
     for probe in ("mixed", "math", "keys", "focusing", "icl", "axis"):
-        assert (folder / "probes" / probe / "metrics.json").exists(), probe
-    assert (folder / "axes" / "pc1-L1" / "axis.safetensors").exists()
-    metrics = json.loads((folder / "metrics.json").read_text())
-    rep = metrics["mixed"]["layers"]["1"]
-    assert rep["dim"] == 2 * 24 and rep["n_prompts"] == 20  # GQA: 2 kv heads of 24; 4 per quintile
-    assert 0 < rep["pc1_share"] <= rep["pc12_share"] <= 1
-    assert rep["bootstrap"]["pc1_ci"][0] <= rep["bootstrap"]["pc1_ci"][1]
-    assert rep["resample"]["n_resample"] == 10 and rep["resample"]["pc1_ci"][0] <= rep["resample"]["pc1_ci"][1]
-    assert len(metrics["math"]["indices"]) == 10
-    assert metrics["icl"]["conditions"]["shuffled"]["overall"]["bayes_entropy"] == 1.0
+        for name in ("stage.json", "rows.json", "data.json"):
+            assert (folder / "probes" / probe / name).exists(), (probe, name)
+    assert (folder / "probes" / "axis" / "axes" / "pc1-conditional-L1" / "axis.safetensors").exists()
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(out), prompts="basic", quiet=True,
+                         probes=small_probes)
+    run = run_sweep(config)
+    rows = run.rows
+    assert find(rows, "dim", layer=1).value == 2 * 24  # GQA: 2 kv heads of 24
+    share = find(rows, "pc1_share", layer=1)
+    assert share.probe == "mixed" and share.kind == "manifold" and share.n == 20  # 4 per quintile
+    assert 0 < share.value <= find(rows, "pc12_share", layer=1).value <= 1
+    assert share.low <= share.high and share.interval == "resampled 95%" and share.null.startswith("permuted")
+    assert len(json.loads((folder / "probes" / "math" / "data.json").read_text())["indices"]) == 10
+    shuffled = find(rows, "bayes_entropy", condition="shuffled", subset="all")
+    assert shuffled.value == 1.0 and shuffled.unit == "bits"
     env = json.loads((folder / "env.json").read_text())
     assert env["seed"] == 0 and env["packages"]["transformers"]
     assert yaml.safe_load((folder / "config.yaml").read_text())["prompts"] == "basic"
     printed = capsys.readouterr().out
-    assert "SULA entropy MAE vs Bayes" in printed and f"run folder: {folder}" in printed
+    assert "SULA entropy MAE vs Bayes latent entropy" in printed and f"run folder: {folder}" in printed
+    assert run.folder == folder and run.computed == []  # everything reused, nothing recomputed
+    assert "SULA entropy MAE vs Bayes" in run._repr_html_() and len(run.figure().data) > 0
+    table = run.table()
+    assert len(table) == len(rows) and {"probe", "metric", "layer", "value", "verdict"} <= set(table.columns)
 
-    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(out), prompts="basic", quiet=True,
+
+def test_summary_is_rebuilt_from_the_tidy_table_alone(tiny_dirs, tmp_path, small_probes):
+    """Every number of the summary comes from the rows: the summary of the rows as exported equals the report's."""
+    from interp_bayes.kinds import get_kind
+    from interp_bayes.report.view import RunView
+    from interp_bayes.results import Row
+
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), prompts="basic", quiet=True,
+                                probes=small_probes))
+    view = RunView.load(run.folder)
+    exported = [Row.from_dict(r) for r in json.loads(json.dumps([r.to_dict() for r in view.rows()]))]
+    rebuilt = []
+    for probe in view.probes():
+        rows = [r for r in exported if r.probe == probe.name]
+        rebuilt += get_kind(probe.kind).summary(rows, probe.params_object())
+    assert [(line.label, line.value) for line in rebuilt] == [(line.label, line.value) for line in view.summary()]
+    assert len(rebuilt) >= 12
+
+
+def test_changing_a_parameter_recomputes_and_leaving_it_does_not(tiny_dirs, tmp_path):
+    """The stale-cache repro: focusing with per_bin 2, then 4, must compute on 4 prompts per bin."""
+    out, model = tmp_path / "runs", str(tiny_dirs["llama3"])
+
+    def focusing(per_bin):
+        probes = write_probes(tmp_path / "p", {"focusing.yaml": dict(kind="focusing", per_bin=per_bin, n_boot=20)})
+        return run_sweep(SweepConfig(model=model, out=str(out), prompts="basic", quiet=True, probes=probes))
+
+    first = focusing(2)
+    assert find(first.rows, "focusing_reduction").n == 10 and first.computed == ["focusing"]
+    assert focusing(2).computed == []
+    second = focusing(4)
+    assert second.computed == ["focusing"] and find(second.rows, "focusing_reduction").n == 20
+    assert second.folder == first.folder  # same run, the pool activations reused
+    stage = json.loads((second.folder / "probes" / "focusing" / "stage.json").read_text())
+    assert stage["params"]["per_bin"] == 4
+
+
+@pytest.mark.parametrize("kind, changes", [
+    ("manifold", dict(per_bin=3, domain="mathematics", n_resample=3, n_bins=4)),
+    ("icl", dict(per_k=3, seed=7, conditions=["main"])),
+    ("axis", dict(folds=2, methods=["ridge"], per_k=3)),
+])
+def test_every_parameter_that_changes_the_numbers_recomputes(tiny_dirs, tmp_path, kind, changes):
+    base = dict(manifold=dict(per_bin=2, n_boot=10, n_null=5, n_resample=2),
+                icl=dict(per_k=2, layers=[1], n_boot=10, n_null=5, conditions=["main", "shuffled"]),
+                axis=dict(per_k=4, layers=[1], folds=3))[kind]
+    out, model = str(tmp_path / "runs"), str(tiny_dirs["pythia"])
+
+    def sweep(params):
+        probes = write_probes(tmp_path / "p", {"probe.yaml": dict(kind=kind, **params)})
+        run = run_sweep(SweepConfig(model=model, out=out, prompts="basic", quiet=True, probes=probes))
+        return run.computed, sorted(json.dumps(r.to_dict(), sort_keys=True) for r in run.rows)
+
+    computed, rows = sweep(base)
+    assert computed == ["probe"] and sweep(base) == ([], rows)
+    for key, value in changes.items():
+        changed_computed, changed_rows = sweep(dict(base, **{key: value}))
+        assert changed_computed == ["probe"], key
+        assert changed_rows != rows, key
+
+
+def test_unknown_and_mistyped_parameters_are_refused(tmp_path):
+    path = tmp_path / "focusing.yaml"
+    path.write_text(yaml.safe_dump(dict(kind="focusing", per_bim=4)))
+    with pytest.raises(ConfigError, match=r"Unknown parameter\(s\) per_bim for probe kind 'focusing'; valid "
+                                          r"parameters: n_boot, per_bin, prompts\."):
+        load_probe(path)
+    path.write_text(yaml.safe_dump(dict(kind="focusing", per_bin="four")))
+    with pytest.raises(ConfigError, match="Parameter 'per_bin' of probe kind 'focusing' must be int, not 'four'"):
+        load_probe(path)
+    path.write_text(yaml.safe_dump(dict(kind="focussing")))
+    with pytest.raises(ConfigError, match="Unknown probe kind 'focussing'; known kinds: "):
+        load_probe(path)
+
+
+def test_a_renamed_built_in_recipe_keeps_its_summary_and_figures(tiny_dirs, tmp_path):
+    """The report knows kinds, not recipe names: `focus` and `sula` get the focusing and icl summary and figures."""
+    probes = write_probes(tmp_path / "p", {"focus.yaml": SMALL_PROBES["focusing.yaml"],
+                                           "sula.yaml": SMALL_PROBES["icl.yaml"]})
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), prompts="basic", quiet=True,
+                                probes=probes))
+    labels = [line.label for line in run.summary()]
+    assert "attention focusing (first -> last layer)" in labels
+    assert "SULA entropy MAE vs Bayes latent entropy (bits)" in labels
+    page = (run.folder / "report.html").read_text()
+    for needle in ("fig-focusing-focus", "fig-icl-sula", "fig-icl-geometry-sula", "In-context calibration"):
+        assert needle in page
+
+
+def test_interrupted_run_has_a_report_and_resumes(tiny_dirs, tmp_path):
+    """Ctrl-C in the third probe: one line, exit 130, a report of the two finished probes, and a rerun that
+    computes only the rest."""
+    probes = write_probes(tmp_path / "p", {"keys.yaml": SMALL_PROBES["keys.yaml"],
+                                           "mixed.yaml": SMALL_PROBES["mixed.yaml"],
+                                           "icl.yaml": dict(SMALL_PROBES["icl.yaml"], per_k=40)})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "interp_bayes.cli", "sweep", "--model", str(tiny_dirs["llama3"]), "--out",
+           str(tmp_path / "runs"), "--prompts", "basic", "--quiet", "--probes", *probes]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 300
+    while not list((tmp_path / "runs").glob("*/*/probes/mixed/stage.json")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(2)  # SIGINT, as Ctrl-C sends
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted after 2 of 3 probes; rerun the same command to resume" in err
+    (folder,) = list((tmp_path / "runs").glob("*/*"))
+    page = (folder / "report.html").read_text()
+    assert "Partial run" in page and "mixed PC1" in page and "key orthogonality" in page
+    assert not (folder / "probes" / "icl" / "stage.json").exists()
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
+                         probes=probes)
+    assert run_sweep(config).computed == ["icl"]
+
+
+def test_dry_run_lists_the_plan_without_computing(tiny_dirs, tmp_path, small_probes, capsys):
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), prompts="basic", quiet=True,
                          probes=small_probes)
-    again = run_sweep(config)
-    assert again.folder == folder and again.computed == []  # everything reused, nothing recomputed
-    assert again.metrics["keys"] == metrics["keys"]
-    assert "SULA entropy MAE vs Bayes" in again._repr_html_() and len(again.figure().data) > 0
+    plan = plan_sweep(config)
+    assert not any(tmp_path.glob("*/*/probes"))
+    assert all(item.cached is False for item in plan if item.what.startswith("probe of kind"))
+    assert sum(item.forwards for item in plan) >= 64 and sum(item.disk_bytes for item in plan) > 0
+    run_sweep(config)
+    assert all(item.cached for item in plan_sweep(config))
+    assert main(["sweep", "--model", str(tiny_dirs["llama3"]), "--out", str(tmp_path), "--prompts", "basic",
+                 "--probes", *small_probes, "--dry-run"]) == 0
+    assert "total still to run: 0 prompt forwards" in capsys.readouterr().out
+
+
+def test_redo_recomputes_a_cached_probe(tiny_dirs, tmp_path, small_probes):
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), prompts="basic", quiet=True,
+                         probes=small_probes[2:3])
+    first = run_sweep(config)
+    again = run_sweep(config, redo=["keys"])
+    assert again.computed == ["keys"] and [r.value for r in again.rows] == [r.value for r in first.rows]
+    with pytest.raises(ConfigError, match="--redo names nope, which are not probes of this sweep"):
+        run_sweep(config, redo=["nope"])
+
+
+def test_results_export_and_probes_listing(tiny_dirs, tmp_path, small_probes, capsys):
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), prompts="basic", quiet=True,
+                                probes=small_probes[2:3]))
+    assert main(["results", str(run.folder)]) == 0
+    csv_text = capsys.readouterr().out
+    assert csv_text.splitlines()[0].startswith("probe,kind,metric,layer,value,low,high,interval,null_low")
+    assert "keys,keys,key_orthogonality,1," in csv_text
+    assert main(["results", str(run.folder), "--format", "json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert records[0]["metric"] == "key_orthogonality" and records[0]["verdict"] in ("above null", "within null",
+                                                                                     "below null")
+    assert main(["probes"]) == 0
+    listing = capsys.readouterr().out
+    assert "kind focusing:" in listing and "    per_bin = 15" in listing and "manifold_math" in listing
+
+
+def test_help_is_fast_and_version_answers(capsys):
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "interp_bayes.cli", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "sweep" in proc.stdout and time.perf_counter() - t < 5
+    probe = subprocess.run([sys.executable, "-X", "importtime", "-m", "interp_bayes.cli", "--help"],
+                           capture_output=True, text=True)
+    assert "torch" not in probe.stderr and "transformers" not in probe.stderr  # nothing heavy is imported
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "interp-bayes 0.1.0" in capsys.readouterr().out
+
+
+def test_bad_inputs_are_one_sentence(tiny_dirs, tmp_path):
+    for args, message in ((["sweep", "--model", str(tiny_dirs["llama3"]), "--out", str(tmp_path), "--probes",
+                            "keys", "--layers", "99", "--prompts", "basic"], "Layer 99 is out of range"),
+                          (["train", "bijection", "--preset", "gpu", "--out", str(tmp_path / "t")],
+                           "Unknown preset 'gpu' for bijection")):
+        proc = subprocess.run([sys.executable, "-m", "interp_bayes.cli", *args], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in proc.stderr, proc.stderr
 
 
 def test_built_in_probes_load():
     names = builtin_probes()
     assert {"manifold_mixed", "manifold_math", "keys", "focusing", "icl", "axis"} <= set(names)
-    assert load_probe("manifold_math").params["domain"] == "mathematics"
+    assert load_probe("manifold_math").params.domain == "mathematics"
     with pytest.raises(ConfigError, match="No probe 'nope'; built-in probes: "):
         load_probe("nope")
 
@@ -98,44 +283,74 @@ def test_hub_model_offline_is_one_sentence_not_a_traceback(tmp_path):
 
 
 def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
-    probe = tmp_path / "iv.yaml"
-    probe.write_text(yaml.safe_dump(dict(kind="interventions", layer_sets=[[-1]], ops=["cut", "shift+"],
-                                         n_isotropic=2, n_matched=2, n_pcs=1, per_k=4, layers=[1])))
-    run = run_sweep(SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path), quiet=True, probes=[str(probe)]))
-    m = run.metrics["iv"]
-    assert m["n_eval"] == 10 and m["n_fit"] == 10 and m["layer_sets"] == [[1]]
-    assert m["n_forward_prompts"] == (1 + 2 * 6) * 10
-    assert {s["op"] for s in m["summary"]} == {"cut", "shift+"}
-    rows = json.loads((run.folder / "probes" / "iv" / "rows.json").read_text())
-    assert len(rows) == 2 * 6 and {r["kind"] for r in rows} == {"true", "isotropic", "matched", "pcs"}
+    probes = write_probes(tmp_path / "p", {"iv.yaml": dict(kind="interventions", layer_sets=[[-1]],
+                                                           ops=["cut", "shift+"], controls=dict(isotropic=2, matched=2,
+                                                                                                pcs=1),
+                                                           per_k=4, layers=[1])})
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path), quiet=True, probes=probes))
+    rows = run.rows
+    assert find(rows, "forward_prompts").value == (1 + 2 * 6) * 10
+    effects = select(rows, "effect", measure="mae_k_ge_1")
+    assert {r.scope["op"] for r in effects} == {"cut", "shift+"}
+    assert {r.scope["family"] for r in effects} == {"true", "isotropic", "matched", "pcs"}
+    iso = find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="isotropic")
+    assert iso.n == 2 and "too few draws" in iso.note
+    data = json.loads((run.folder / "probes" / "iv" / "data.json").read_text())
+    assert data["n_eval"] == 10 and data["n_fit"] == 10 and len(data["runs"]) == 2 * 6
+    assert "too few draws for a percentile: 2" in " ".join(line.value for line in run.summary())
 
 
 def test_windtunnel_probe_on_the_packaged_bijection_model(tiny_dirs, tmp_path):
-    probe = tmp_path / "wt.yaml"
-    probe.write_text(yaml.safe_dump(dict(kind="windtunnel", checkpoint="bijection-cpu", n_sequences=6,
-                                         n_isotropic=2, n_matched=2, n_pcs=1, n_boot=20, n_null=10)))
-    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), quiet=True, probes=[str(probe)]))
-    m = run.metrics["wt"]
-    assert m["task"] == "bijection" and m["n_prompts"] == 6 * 20
-    assert m["calibration"]["mae"] < 0.01  # the committed model matches the exact posterior
-    assert m["manifold"]["pc1_vs_bayes_entropy"]["spearman"] > 0.8  # values ordered by exact posterior entropy
-    assert m["axis"]["pc1-L1-bayes"]["held_out"]["pearson"] > 0.8
-    cut = next(s for s in m["interventions"]["summary"] if s["op"] == "cut" and s["metric"] == "mae_k_ge_1")
-    assert "isotropic_percentile" in cut and len(m["focusing"]["mean_entropy"]) == 2
+    probes = write_probes(tmp_path / "p", {"wt.yaml": dict(kind="windtunnel", checkpoint="bijection-cpu",
+                                                           n_sequences=6, controls=dict(isotropic=2, matched=2, pcs=1),
+                                                           n_boot=20, n_null=10)})
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), quiet=True, probes=probes))
+    rows = run.rows
+    assert find(rows, "entropy_mae", condition="windtunnel", subset="all").n == 6 * 20
+    assert find(rows, "entropy_mae", condition="windtunnel", subset="all").value < 0.01  # matches the posterior
+    assert find(rows, "spearman_pc1", target="bayes entropy").value > 0.8  # values ordered by exact entropy
+    assert find(rows, "pearson_projection", layer=1, target="bayes entropy", fit="held-out").value > 0.8
+    assert find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="isotropic") is not None
+    assert len(select(rows, "key_orthogonality")) == 2
+    page = (run.folder / "report.html").read_text()
+    assert "fig-windtunnel-calibration-wt" in page and "fig-windtunnel-geometry-wt" in page
 
 
-def test_report_builds_when_a_metric_exists_for_some_layer_sets_only(tiny_dirs, tmp_path):
-    """Downstream geometry exists only for layer sets that end before the last axis layer."""
-    from interp_bayes.report.html import build_report
-    from interp_bayes.store import write_json
+def test_quiet_silences_every_bar(tiny_dirs, tmp_path):
+    probes = write_probes(tmp_path / "p", {"keys.yaml": SMALL_PROBES["keys.yaml"],
+                                           "mixed.yaml": SMALL_PROBES["mixed.yaml"]})
+    cmd = [sys.executable, "-m", "interp_bayes.cli", "sweep", "--model", str(tiny_dirs["gpt2"]), "--out",
+           str(tmp_path / "runs"), "--prompts", "basic", "--probes", *probes]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    loud = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert loud.returncode == 0 and "%|" in loud.stderr  # the bars exist without --quiet
+    quiet = subprocess.run(cmd + ["--quiet", "--redo", "mixed"], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout
 
-    probe = tmp_path / "interventions.yaml"
-    probe.write_text(yaml.safe_dump(dict(kind="interventions", layer_sets=[[-1]], ops=["cut", "shift+"],
-                                         n_isotropic=1, n_matched=1, n_pcs=1, per_k=4, layers=[1])))
-    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), quiet=True, probes=[str(probe)]))
-    metrics = json.loads((run.folder / "metrics.json").read_text())
-    iv = metrics["interventions"]["summary"]
-    metrics["interventions"]["summary"] = [s for s in iv if not (s["op"] == "cut" and s["metric"] == "kl_bits")]
-    write_json(run.folder / "metrics.json", metrics)
-    html_text = build_report(run.folder).read_text()
-    assert "Interventions: true axis vs control axes" in html_text
+
+def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
+    """The entropy-neuron, martingale (SULA and the bijection tunnel) and decoding kinds at toy sizes: their rows,
+    summary lines and figures come through the sweep like any other probe's."""
+    probes = write_probes(tmp_path / "p", {
+        "neurons.yaml": dict(kind="entropy_neurons", n_prompts=12, top_n=2, n_random=2, n_boot=20,
+                             n_random_directions=10, per_k=3, n_perm=20),
+        "mart.yaml": dict(kind="martingale", per_k=3, ks=[1, 2], n_perms=2, n_draws=2, n_null=3, n_boot=20),
+        "mart_wt.yaml": dict(kind="martingale", task="bijection-cpu", per_k=3, ks=[2, 6], n_perms=2, n_draws=2,
+                             n_null=3, n_boot=20),
+        "dec.yaml": dict(kind="decoding", layers=[1], readings=["resid", "v"], per_k=3, n_null=2, n_boot=20)})
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic",
+                                quiet=True, probes=probes))
+    rows = run.rows
+    assert find(rows, "neuron_rho", rank=1).null.startswith("all neurons")
+    assert {r.scope["target"] for r in select(rows, "corr_final_scale")} == {"entropy", "label_entropy"}
+    assert find(rows, "axis_null_rho") is not None
+    wt = select(rows, "martingale_gap_kl_bits", task="bijection")
+    assert [r.scope["k"] for r in wt] == [2, 6] and all(r.null_low <= r.null_high for r in wt)
+    assert select(rows, "order_sensitivity_js_bits", task="sula")
+    assert {r.scope["adjust"] for r in select(rows, "decoding_r2")} == {"raw", "deconfounded"}
+    labels = " ".join(line.label for line in run.summary())
+    assert "entropy-neuron candidates" in labels and "martingale gap" in labels and "decodable" in labels
+    page = (run.folder / "report.html").read_text()
+    for fig in ("fig-entropy-neurons-neurons", "fig-martingale-mart_wt", "fig-decoding-dec"):
+        assert fig in page

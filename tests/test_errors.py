@@ -113,7 +113,7 @@ def test_gguf_path_is_explained(tmp_path):
 
 
 def test_evaluate_windtunnel_takes_a_task_name():
-    from interp_bayes.sweep import WINDTUNNELS_DIR
+    from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
     from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel
 
     model, _ = load_windtunnel(WINDTUNNELS_DIR / "bijection-cpu")
@@ -121,3 +121,35 @@ def test_evaluate_windtunnel_takes_a_task_name():
     assert out[20]["per_sample_entropy_mae_bits"] < 0.05
     with pytest.raises(InterpBayesError, match="known tasks: bijection, hmm"):
         evaluate_windtunnel(model, "bijektion", n=10)
+
+
+def test_prompt_sources_local_dataset_jsonl_and_offline_hub(tmp_path):
+    from datasets import Dataset
+
+    from interp_bayes.prompts import load_source
+
+    Dataset.from_dict(dict(body=["a b c", "d e f", ""], topic=["x", "y", "z"])).save_to_disk(str(tmp_path / "ds"))
+    ds = load_source(dict(dataset=str(tmp_path / "ds"), column="body", domain_column="topic"))
+    assert list(ds["text"]) == ["a b c", "d e f"] and list(ds["domain"]) == ["x", "y"]  # empty rows dropped
+    (tmp_path / "p.jsonl").write_text('{"body": "hello", "topic": "t"}\n{"body": "world", "topic": "u"}\n')
+    ds = load_source(dict(dataset=str(tmp_path / "p.jsonl"), column="body", n=1))
+    assert list(ds["text"]) == ["hello"]
+    with pytest.raises(PromptError, match="Cannot load the prompt dataset 'no-such/dataset-xyz'.*Hugging Face Hub"):
+        load_source(dict(dataset="no-such/dataset-xyz"))
+    with pytest.raises(PromptError, match="has no column 'txt'"):
+        load_source(dict(dataset=str(tmp_path / "ds"), column="txt"))
+    with pytest.raises(PromptError, match="takes"):
+        load_source(dict(dataset=str(tmp_path / "ds"), colum="body"))
+
+
+def test_result_files_respect_the_umask(tmp_path):
+    import os
+
+    from interp_bayes.store import write_json
+
+    old = os.umask(0o027)
+    try:
+        mode = write_json(tmp_path / "x.json", {"a": 1}).stat().st_mode & 0o777
+    finally:
+        os.umask(old)
+    assert mode == 0o640  # 0666 less the umask, as a plain open() would give; not mkstemp's 0600

@@ -141,3 +141,20 @@ def test_near_constant_inputs_give_nan_with_a_reason_not_noise():
     assert np.isnan(out["pearson"]) and np.isnan(out["spearman"]) and "second input" in out["reason"]
     assert not is_constant(np.array([1.0, 1.0 + 1e-6])) and is_constant(np.zeros(3))
     assert np.isfinite(correlations([1, 2, 3], [1, 3, 2])["pearson"])
+
+
+def test_pca_falls_back_to_gesvd_when_gesdd_does_not_converge(monkeypatch):
+    import numpy as np
+
+    from interp_bayes import geometry
+
+    x = np.random.default_rng(0).normal(size=(30, 12))
+    ratios, comps, scores = geometry.pca(x)
+
+    def fails(*args, **kwargs):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(geometry.np.linalg, "svd", fails)
+    r2, c2, s2 = geometry.pca(x)
+    np.testing.assert_allclose(r2, ratios, rtol=1e-10)
+    np.testing.assert_allclose(np.abs(np.sum(c2 * comps, axis=1)), 1.0, rtol=1e-10)  # the same axes, up to sign

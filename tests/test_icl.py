@@ -68,3 +68,32 @@ def test_stratified_sampling_gives_15_per_quintile():
     bins = np.clip(np.searchsorted(edges, h[idx], side="right") - 1, 0, 4)
     assert len(idx) == 75 == len(set(idx)) and Counter(bins.tolist()) == {b: 15 for b in range(5)}
     assert stratified_sample(h, seed=1) == idx and stratified_sample(h, seed=2) != idx
+
+
+def test_predictive_entropy_is_the_query_labels_by_enumeration():
+    """p(next label = L1 | D) = sum_y P(y | D) P(label = L1 | y), enumerated over the latent."""
+    cols = SULATask().generate("main", seed=3)
+    for n1, n2, h in zip(cols["n1"], cols["n2"], cols["predictive_entropy"]):
+        labels = [0] * n1 + [1] * n2
+        post = brute_force_posterior(labels, 0.9)
+        p = post * 0.9 + (1 - post) * 0.1
+        assert h == pytest.approx(float(binary_entropy_bits(p)), abs=1e-12)
+    assert min(cols["predictive_entropy"]) > 0.46  # label noise: never below H(0.9) = 0.469 bits
+
+
+def test_fixed_k_varies_bayes_entropy_at_fixed_k_and_length(smollm2):
+    from interp_bayes.models import checkpoint_tokenizer
+
+    tok = checkpoint_tokenizer(smollm2)
+    task = SULATask.for_tokenizer(tok, per_k=20)
+    cols = task.generate("fixed_k", seed=1)
+    assert len(cols["text"]) == 100 and set(cols["k"]) == {8}
+    assert {min(a, b) for a, b in zip(cols["n1"], cols["n2"])} == {0, 1, 2, 3, 4}
+    lengths = {len(tok(t)["input_ids"]) for t in cols["text"]}
+    assert len(lengths) == 1  # every carrier and label is one token: the length cannot explain anything
+    assert len(set(np.round(cols["bayes_entropy"], 9))) == 5  # five entropy levels at one k and one length
+    for n1, n2, p1 in zip(cols["n1"], cols["n2"], cols["p_label1"]):
+        assert p1 == pytest.approx(brute_force_posterior([0] * n1 + [1] * n2, 0.9), abs=1e-12)
+    big = SULATask(per_k=2000).generate("fixed_k", seed=0)
+    ties = np.array(big["n1"]) == 4
+    assert abs(np.mean(np.array(big["latent"])[ties] == 0) - 0.5) < 0.03  # latent drawn from its posterior

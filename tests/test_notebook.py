@@ -93,5 +93,6 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     assert "computed: ['keys', 'manifold_small']" in stdout and "rerun computes: []" in stdout
     report = Path(re.search(r"^(/\S+/report\.html)$", stdout, re.M).group(1))
     assert report.is_file() and str(report).startswith(str(tmp_path))  # written under the kernel's TMPDIR
-    inline = [d["text/html"] for d in data if "text/html" in d and "<iframe srcdoc=" in d["text/html"]]
-    assert len(inline) == 1 and "interp_bayes report" in inline[0]
+    assert any("verdict" in t and "manifold_small" in t and "resampled 95%" in t for t in tables)  # run.table()
+    inline = [d["text/html"] for d in data if "text/html" in d and "interp_bayes report" in d["text/html"]]
+    assert len(inline) == 1 and "* plotly.js v" in inline[0] and 'id="fig-keys-keys"' in inline[0]

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from interp_bayes.config import SweepConfig
-from interp_bayes.report.figures import FIGURES, ReportError, RunData
 from interp_bayes.report.html import (Report, add_compare_arguments, add_report_arguments, build_compare,
                                       build_report, compare_main, report_main)
+from interp_bayes.report.view import ReportError, RunView
 from interp_bayes.sweep import run_sweep
 
 XSS = "<script>alert(1)</script>"
@@ -26,9 +26,13 @@ PROBES = {  # the built-in probe names at toy sizes, for a 25-prompt pool and a 
     "focusing": dict(kind="focusing", per_bin=2, n_boot=20),
     "icl": dict(kind="icl", per_k=4, layers=[1], n_boot=20, n_null=5),
     "axis": dict(kind="axis", per_k=4, layers=[1], folds=3),
-    "interventions": dict(kind="interventions", layer_sets=[[-1]], ops=["cut", "shift+"], n_isotropic=2,
-                          n_matched=2, n_pcs=1, per_k=4, layers=[1]),
+    "interventions": dict(kind="interventions", layer_sets=[[-1]], ops=["cut", "shift+"],
+                          controls=dict(isotropic=2, matched=2, pcs=1), per_k=4, layers=[1]),
 }
+# the figures each probe kind draws (ids end with the recipe's name)
+FIGURES = ["manifold", "shares", "manifold-examples", "keys-keys", "focusing-focusing", "icl-icl",
+           "icl-geometry-icl", "icl-examples-icl", "axis-axis", "axis-deconfounded-axis", "interventions-interventions",
+           "interventions-per-k-interventions"]
 BUNDLE = plotly.offline.get_plotlyjs()
 
 
@@ -72,7 +76,8 @@ def test_report_is_self_contained(runs):
     rest = _outside_bundle(text)
     assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", rest, re.I)
     assert "http://" not in rest and "https://" not in rest and "<link" not in rest
-    assert all(f'id="fig-{key}"' in text for key, *_ in FIGURES)  # every probe ran: every figure present
+    assert all(f'id="fig-{key}"' in text for key in FIGURES)  # every probe ran: every figure present
+    assert '<a href="results.csv">results.csv</a>' in text and (runs["full"] / "results.csv").exists()
     assert text.index("Summary: this run beside Paper III") < text.index('id="fig-')  # summary table first
     for needle in ("Pythia-410M (paper)", "79.6% (78.4, 80.8)", "mixed PC1+PC2", "git commit"):
         assert needle in text
@@ -87,10 +92,10 @@ def test_data_text_is_escaped(runs):
 
 def test_missing_probes_skip_their_figures(runs):
     text = runs["part_report"].read_text()
-    present = {key for key, *_ in FIGURES if f'id="fig-{key}"' in text}
-    assert present == {"manifold", "shares", "keys"}
-    with pytest.raises(ReportError, match="holds no metrics.json"):
-        RunData.load(runs["root"])
+    present = {key for key in FIGURES if f'id="fig-{key}"' in text}
+    assert present == {"manifold", "shares", "manifold-examples", "keys-keys"}
+    with pytest.raises(ReportError, match="is not a run folder"):
+        RunView.load(runs["root"])
 
 
 def test_compare_page_and_cli_entry_points(runs, capsys):
@@ -106,7 +111,9 @@ def test_compare_page_and_cli_entry_points(runs, capsys):
     parser = add_report_arguments(argparse.ArgumentParser())
     assert report_main(parser.parse_args([str(runs["part"])])) == 0
     assert capsys.readouterr().out.strip().endswith("report.html")
-    assert "<iframe srcdoc=" in Report(runs["part_report"])._repr_html_()
+    first, second = Report(runs["part_report"])._repr_html_(), Report(runs["part_report"])._repr_html_()
+    assert first.count(BUNDLE) <= 1 and BUNDLE not in second  # plotly.js sent once per kernel, not per output
+    assert "key orthogonality (10-90% of heads)" in second and 'id="fig-keys-keys"' in second
 
 
 def _chromium(page, tmp_path) -> tuple[str, str, list[str]]:
@@ -137,6 +144,7 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     sections = dom.split('<section class="fig">')[1:]
     assert len(sections) == len(FIGURES)
     for section in sections:
-        assert 'class="main-svg"' in section, section[:200]  # plotly drew this figure
+        if "<table" not in section.split("</h2>")[1][:200]:  # a figure, not a table of example prompts
+            assert 'class="main-svg"' in section, section[:200]  # plotly drew this figure
     assert "Uncaught" not in err and "CONSOLE" not in err, err[-2000:]
     assert urls == []

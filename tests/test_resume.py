@@ -33,16 +33,9 @@ def _command(model: Path, out: Path, probes: list[str]) -> list[str]:
             "--prompts", "basic", "--probes", *probes, "--quiet"]
 
 
-def _without_timing(metrics: dict) -> dict:
-    """A probe's metrics without the wall-clock field."""
-    out = dict(metrics)
-    out["_probe"] = {k: v for k, v in metrics["_probe"].items() if k != "seconds"}
-    return out
-
-
 def _results(folder: Path) -> dict[str, str]:
-    """Relative path -> canonical content of every result file (metrics without timing; tensors as hex digests).
-    Left out: env.json (time), config.yaml (holds the output root) and report.html (holds paths)."""
+    """Relative path -> canonical content of every result file (stages without timing; tensors as hex digests).
+    Left out: env.json (time), config.yaml (holds the output root) and report.html (holds paths and times)."""
     import hashlib
 
     out = {}
@@ -50,10 +43,8 @@ def _results(folder: Path) -> dict[str, str]:
         rel = str(path.relative_to(folder))
         if rel in ("env.json", "config.yaml", "report.html"):
             continue
-        if rel == "metrics.json":
-            data = {name: _without_timing(m) for name, m in json.loads(path.read_text()).items()}
-        elif path.name == "metrics.json":
-            data = _without_timing(json.loads(path.read_text()))
+        if path.name == "stage.json":
+            data = {k: v for k, v in json.loads(path.read_text()).items() if k != "seconds"}
         elif path.suffix == ".json":
             data = json.loads(path.read_text())
         else:
@@ -86,7 +77,7 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not list(killed_out.glob("*/*/probes/*/metrics.json")):
+        while not list(killed_out.glob("*/*/probes/*/stage.json")):
             assert first.poll() is None, f"the sweep exited ({first.returncode}) before any probe finished: " \
                                          f"{first.stderr.read()}"
             assert time.monotonic() < deadline, "no probe finished in time"
@@ -99,9 +90,9 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
         first.stderr.close()
 
     (folder,) = killed_out.glob("*/*")
-    finished = {p.parent.name: (p.stat().st_mtime_ns, p.read_bytes())
-                for p in folder.glob("probes/*/metrics.json")}
-    assert not (folder / "metrics.json").exists(), "the kill landed after the sweep finished: make later probes heavier"
+    finished = {p.parent.name: {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in p.parent.iterdir()}
+                for p in folder.glob("probes/*/stage.json")}
+    assert len(finished) < len(PROBES), "the kill landed after the sweep finished: make later probes heavier"
     assert "keys" in finished and set(finished) < set(PROBES), sorted(finished)
     leftovers_at_kill = sorted(str(p.relative_to(folder)) for p in folder.rglob(".*"))
 
@@ -113,11 +104,11 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
     assert clean.returncode == 0, clean_err
 
     # (a) probes finished before the kill are reused as they were, byte for byte, not rewritten
-    for name, (mtime, content) in finished.items():
-        path = folder / "probes" / name / "metrics.json"
-        assert path.stat().st_mtime_ns == mtime and path.read_bytes() == content, name
-    final = json.loads((folder / "metrics.json").read_text())
-    assert set(final) == set(PROBES)
+    for name, files in finished.items():
+        for file, (mtime, content) in files.items():
+            path = folder / "probes" / name / file
+            assert path.stat().st_mtime_ns == mtime and path.read_bytes() == content, (name, file)
+    assert {p.parent.name for p in folder.glob("probes/*/stage.json")} == set(PROBES)
     third = run_sweep(SweepConfig(model=str(model), out=str(killed_out), prompts="basic", probes=probes, quiet=True))
     assert third.folder == folder and third.computed == []
 
@@ -128,7 +119,8 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
     assert sorted(got) == sorted(want)
     for rel in want:
         assert got[rel] == want[rel], f"{rel} differs between the resumed and the uninterrupted run"
-    assert json.loads(got["probes/mixed/metrics.json"])["layers"]["1"]["n_prompts"] == 20  # sanity: real content
+    rows = json.loads(got["probes/mixed/rows.json"])
+    assert next(r for r in rows if r["metric"] == "pc1_share")["n"] == 20  # sanity: real content
 
     # (c) nothing half-written: no temporary files beside the results, every JSON parses (checked by _results)
     leftovers = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")

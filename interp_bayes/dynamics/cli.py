@@ -157,11 +157,10 @@ def dynamics_main(args: argparse.Namespace) -> int:
     results = run_dynamics(args)
     print(markdown_tables(results))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1, default=float))
-        tmp.replace(args.out)
         from ..report.dynamics_page import build_dynamics_page
+        from ..store import atomic_write_text
+
+        atomic_write_text(args.out, json.dumps(results, indent=1, default=float))
 
         print(f"page: {build_dynamics_page(results, args.out.with_suffix('.html'))}")
     return 0

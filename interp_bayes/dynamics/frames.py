@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from interp_bayes.errors import ConfigError
 from interp_bayes.geometry import as_float64, is_constant, mean_abs_offdiag_cos, pca, spearman
 from interp_bayes.tasks.base import entropy_bits
 
@@ -142,7 +143,7 @@ def frame_precision_from_checkpoints(checkpoints: Sequence[tuple[int, str | Path
         from interp_bayes.models import load_model as loader
     ordered = sorted(checkpoints, key=lambda c: c[0])
     if len(ordered) < 2 or ordered[-1][0] <= 0:
-        raise ValueError("Need at least two checkpoints with a positive final step to measure settling.")
+        raise ConfigError("Need at least two checkpoints with a positive final step to measure settling.")
     final = take_snapshot(loader(ordered[-1][1]), batch, hypothesis_ids)
     rows = [snapshot_metrics(final if step == ordered[-1][0] else take_snapshot(loader(path), batch, hypothesis_ids),
                              final) for step, path in ordered]
@@ -161,7 +162,7 @@ def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
         d = json.loads(meta.read_text())
         series.setdefault(int(d.get("step", d["config"]["steps"])), run)
     if len(series) < 2:
-        raise ValueError(f"{run} holds fewer than two checkpoints; train with checkpoints (windtunnel) first.")
+        raise ConfigError(f"{run} holds fewer than two checkpoints; train with checkpoints (windtunnel) first.")
     return sorted(series.items())
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from interp_bayes.errors import ConfigError
 from interp_bayes.tasks.sticky import StickyChain, bayes_predictive, sample_sticky
 
 from .laws import single_head_gradients
@@ -64,7 +65,7 @@ def train_single_head(chain: StickyChain, method: str, init: dict[str, torch.Ten
     of a near-constant entropy means little). A ``heldout`` chain gives the final out-of-sample loss.
     """
     if method not in METHODS:
-        raise ValueError(f"Unknown method {method!r}; use one of {METHODS}.")
+        raise ConfigError(f"Unknown method {method!r}; use one of {METHODS}.")
     params = {n: p.clone() for n, p in init.items()}
     x, y = chain.inputs.to(init["W_Q"].dtype), chain.targets
     losses, record = [], {"step": [], "pc1_share": [], "entropy_r2": [], "entropy_sd": []}

@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..store import atomic_write_text
+from ..kinds import Figure
 from .figures import LAYOUT
-from .html import _figure_sections, _page
+from .html import figure_sections, page
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
 
@@ -52,7 +53,7 @@ def frames_figure(results: dict) -> go.Figure | None:
 
 def build_dynamics_page(results: dict, out: str | Path) -> Path:
     """Write the page for a ``run_dynamics`` result dict to ``out``."""
-    figs = [(key, title, fig, caption) for key, title, fig, caption in (
+    figs = [Figure(key, title, fig, caption) for key, title, fig, caption in (
         ("losses", "EM vs SGD", loss_figure(results),
          "The EM-style curves should reach SGD's final loss in fewer steps; all should approach the floor."),
         ("frames", "Frame vs precision", frames_figure(results),
@@ -62,5 +63,5 @@ def build_dynamics_page(results: dict, out: str | Path) -> Path:
     note = (f"<p class=\"note\">Dissociation ratio (precision settle step / frame settle step), geometric mean over "
             f"{summary['n']} runs: {summary['geomean']:.2f} (95% CI {summary['lo']:.2f}-{summary['hi']:.2f}); above 1 "
             "means the frame settles first.</p>" if summary else "")
-    body = f"<h1>interp_bayes: gradient dynamics (Paper II)</h1>{note}{_figure_sections(figs)}"
-    return atomic_write_text(out, _page("interp_bayes dynamics", body))
+    body = f"<h1>interp_bayes: gradient dynamics (Paper II)</h1>{note}{figure_sections(figs)}"
+    return atomic_write_text(out, page("interp_bayes dynamics", body))

@@ -1,5 +1,6 @@
-"""One self-contained HTML page per run (and one per set of runs): the summary table beside the paper's numbers
-first, then the figures, each with a sentence saying what to look for.
+"""One self-contained HTML page per run (and one per set of runs): the summary beside the paper's numbers first,
+with a verdict per number against its null, then each probe kind's figures, each with a sentence saying what to
+look for. Everything comes from the run folder's tidy rows and the data its probes wrote.
 
 Self-contained means viewable offline and forever: plotly.js is inlined exactly once, no stylesheet, font or
 script is fetched, and every string that comes from data (prompts, model names, paths) is escaped.
@@ -12,27 +13,11 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import plotly.offline
-import yaml
+from ..results import find
+from ..store import atomic_write_text
+from .tables import PAPER_ATTENTION, PAPER_ROWS
+from .view import RunView
 
-from ..store import atomic_write_text, read_json
-from .figures import RunData, compare_figures, last_layer, run_figures, shorten
-from .tables import PAPER_ROWS, summary_rows
-
-# our summary_rows label -> the PAPER_ROWS key holding the paper's number for it (identical labels map to themselves)
-PAPER_KEY = {"mixed Spearman(PC1, H)": "Spearman(PC1, H) mixed / math",
-             "math Spearman(PC1, H)": "Spearman(PC1, H) mixed / math",
-             "key orthogonality (10-90% of heads)": "key orthogonality",
-             "attention focusing (first -> last layer)": "attention focusing",
-             "SULA entropy MAE vs Bayes (bits)": "SULA MAE"}
-PAPER_ATTENTION = {"Pythia-410M": "MHA", "Phi-2": "MHA", "Llama-3.2-1B": "GQA"}  # methods.md §3.9 Table 2
-# compare-page columns: (header, our summary_rows label, the PAPER_ROWS key); None: a cell computed here / none
-COMPARE_COLUMNS = (("attention", None, None), ("PC1+PC2 mixed", "mixed PC1+PC2", "mixed PC1+PC2"),
-                   ("PC1+PC2 math", "math PC1+PC2", "math PC1+PC2"),
-                   ("key orthogonality", "key orthogonality (10-90% of heads)", "key orthogonality"),
-                   ("focusing", "attention focusing (first -> last layer)", "attention focusing"),
-                   ("SULA MAE (k≥1)", None, "SULA MAE"), ("axis r in-sample / held-out", None, None))
 PLOTLY_CONFIG = dict(displaylogo=False, responsive=True, toImageButtonOptions=dict(format="svg"))
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #1d2733;
@@ -45,20 +30,27 @@ th, td { border-bottom: 1px solid #e3e7ec; padding: 5px 8px; text-align: left; v
 th { background: #f4f6f8; font-weight: 600; } td.ours { font-weight: 600; color: #1f4e79; }
 table.summary td:first-child { min-width: 230px; } td.prompt { width: 70%; }
 td.paper, tr.paper td { color: #5b6b7c; } td.num { font-variant-numeric: tabular-nums; }
+td.verdict { white-space: nowrap; }
 .caption { color: #3d4b5a; font-size: 0.93em; margin: 2px 0 20px; }
 .fig { margin-top: 16px; } nav a { margin-right: 14px; color: #1f4e79; text-decoration: none; font-size: 0.92em; }
 details { margin: 6px 0; font-size: 0.9em; } pre { background: #f4f6f8; padding: 8px; overflow-x: auto; }
 code, .prompt { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.9em; }
 .note { color: #5b6b7c; font-size: 0.88em; }
 """
+INTERVAL_NOTE = ("Intervals are labelled by kind: <b>resampled</b> = over fresh prompt sets drawn from the pool "
+                 "(no prompt repeated); <b>bootstrap</b> = resampling prompts with replacement, the paper's statistic, "
+                 "which sits above the observed share because duplicated prompts inflate PCA shares when prompts are "
+                 "fewer than dimensions. <b>null</b> = mean share of permuted / Gaussian clouds of the same size. The "
+                 "verdict says whether a number lies above, below or within the 95% range of its null; a blank verdict "
+                 "means the number has no null. Paper values as printed (Tables 1-2, §5).")
 
 
 def _e(x) -> str:
     return html.escape(str(x))
 
 
-def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
-           row_classes: list[str] | None = None, table_class: str = "") -> str:
+def table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
+          row_classes: list[str] | None = None, table_class: str = "") -> str:
     """An HTML table; cells are escaped here, so pass raw strings."""
     classes = classes or [""] * len(header)
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
@@ -69,34 +61,46 @@ def _table(header: list[str], rows: list[list[str]], classes: list[str] | None =
     return f"<table class=\"{table_class}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _page(title: str, body: str) -> str:
+def plotly_bundle() -> str:
+    import plotly.offline
+
+    return f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script>"
+
+
+def page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
-            f"<style>{CSS}</style><script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script></head>"
-            f"<body>{body}</body></html>\n")
+            f"<style>{CSS}</style>{plotly_bundle()}</head><body>{body}</body></html>\n")
 
 
-def _figure_sections(figs) -> str:
-    nav = "".join(f"<a href=\"#fig-{key}\">{_e(title)}</a>" for key, title, _, _ in figs)
-    parts = [f"<nav>{nav}</nav>"] if figs else ["<p class=\"note\">No probe with a figure ran in this folder.</p>"]
-    for key, title, fig, caption in figs:
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", config=PLOTLY_CONFIG)
-        parts.append(f"<section class=\"fig\"><h2>{_e(title)}</h2>{div}<p class=\"caption\">{_e(caption)}</p>"
-                     "</section>")
+def figure_sections(figs) -> str:
+    """Sections for Figures (plotly figures as divs without plotly.js, or HTML fragments), with a navigation bar."""
+    if not figs:
+        return "<p class=\"note\">No probe with a figure ran in this folder.</p>"
+    parts = ["<nav>" + "".join(f"<a href=\"#fig-{_e(f.id)}\">{_e(f.title)}</a>" for f in figs) + "</nav>"]
+    for f in figs:
+        content = f.content if isinstance(f.content, str) else f.content.to_html(
+            full_html=False, include_plotlyjs=False, div_id=f"fig-{f.id}", config=PLOTLY_CONFIG)
+        anchor = f"<a id=\"fig-{_e(f.id)}\"></a>" if isinstance(f.content, str) else ""
+        parts.append(f"<section class=\"fig\"><h2>{_e(f.title)}</h2>{anchor}{content}"
+                     f"<p class=\"caption\">{_e(f.caption)}</p></section>")
     return "".join(parts)
 
 
-def _summary(run: RunData) -> str:
+def _summary(run: RunView) -> str:
     papers = list(PAPER_ROWS)
-    rows = [[label, value] + [PAPER_ROWS[p].get(PAPER_KEY.get(label, label), "") for p in papers]
-            for label, value in summary_rows(run.metrics)]
-    if not rows:
-        return "<p class=\"note\">No summary measures in this run.</p>"
-    return _table(["measure", f"{run.name} (this run)"] + [f"{p} (paper)" for p in papers], rows,
-                  ["", "ours num"] + ["paper num"] * len(papers), table_class="summary")
+    lines = run.summary()
+    if not lines:
+        return "<p class=\"note\">No probe has finished in this folder yet.</p>"
+    rows = [[line.label, line.value, line.verdict] + [PAPER_ROWS[p].get(line.paper, "") if line.paper else ""
+                                                      for p in papers] for line in lines]
+    return table(["measure", f"{run.name} (this run)", "verdict"] + [f"{p} (paper)" for p in papers], rows,
+                 ["", "ours num", "verdict"] + ["paper num"] * len(papers), table_class="summary")
 
 
-def _provenance(run: RunData) -> str:
+def _provenance(run: RunView) -> str:
+    import yaml
+
     env, model, cfg = run.env, run.model, run.config
     facts = [("model", cfg.get("model", run.name)), ("family", model.get("family", "?")),
              ("parameters", f"{model['n_params']:,}" if "n_params" in model else "?"),
@@ -106,96 +110,79 @@ def _provenance(run: RunData) -> str:
     line = " · ".join(f"{k}: <b>{_e(v)}</b>" for k, v in facts)
     versions = ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items() if v)
     system = f"Python {env.get('python', '?')} on {env.get('platform', '?')}, {env.get('torch_threads', '?')} threads"
-    return (f"<p class=\"sub\">{line}</p><details><summary>environment and config</summary>"
-            f"<p>{_e(system)}; CUDA: {_e(env.get('cuda'))}</p><p>{_e(versions)}</p>"
+    done = ", ".join(f"{p.name} ({p.kind}, {p.seconds or 0:.0f} s)" for p in run.probes())
+    missing = [n for n in run.order if n not in {p.name for p in run.probes()}]
+    partial = (f"<p class=\"note\"><b>Partial run:</b> not finished yet: {_e(', '.join(missing))}. Rerun the same "
+               "command to resume.</p>" if missing else "")
+    return (f"<p class=\"sub\">{line}</p>{partial}<details><summary>environment, config and probes</summary>"
+            f"<p>{_e(system)}; CUDA: {_e(env.get('cuda'))}</p><p>{_e(versions)}</p><p>probes: {_e(done)}</p>"
             f"<pre>{_e(yaml.safe_dump(cfg, sort_keys=False))}</pre></details>")
 
 
-def _examples(run: RunData) -> str:
-    """A few prompts per entropy quintile of each manifold set (the sets are drawn per quintile, so sorting the
-    chosen prompts by entropy and cutting them into n_bins equal groups recovers the quintiles), and one SULA
-    prompt per k."""
-    parts = []
-    for probe, label, m in run.manifold_sets():
-        texts = run.pool_texts(probe)
-        if texts is None:
-            continue
-        order = np.argsort(m["entropy"], kind="stable")
-        score = m["layers"][last_layer(m)]["pc1_score"]
-        rows = []
-        for q, group in enumerate(np.array_split(order, m["_probe"]["params"].get("n_bins", 5)), start=1):
-            rows += [[f"Q{q}", f"{m['entropy'][i]:.2f}", f"{score[i]:+.2f}", shorten(texts[m["indices"][i]], 160)]
-                     for i in group[:3]]
-        parts.append(f"<h3>{_e(label)} set</h3>"
-                     + _table(["quintile", "entropy (bits)", "PC1 score", "prompt"], rows,
-                              ["", "num", "num", "prompt"]))
-    cols = run.sula_main
-    if cols is not None:
-        first = {k: i for i, k in reversed(list(enumerate(cols["k"])))}
-        rows = [[str(k), f"{cols['bayes_entropy'][i]:.3f}", cols["text"][i]] for k, i in sorted(first.items())]
-        parts.append("<h3>SULA in-context prompts (main condition)</h3>"
-                     + _table(["k", "Bayes entropy (bits)", "prompt"], rows, ["num", "num", "prompt"]))
-    if not parts:
-        return ""
-    return "<h2 id=\"examples\">Example prompts</h2>" + "".join(parts)
+def report_body(run: RunView) -> str:
+    return (f"<h1>interp_bayes report: {_e(run.name)}</h1>{_provenance(run)}"
+            "<h2 id=\"summary\">Summary: this run beside Paper III</h2>"
+            f"<p class=\"note\">{INTERVAL_NOTE} Every number of this run, one row each: "
+            "<a href=\"results.csv\">results.csv</a> (also `interp-bayes results RUN`).</p>"
+            f"{_summary(run)}{figure_sections(run.figures())}")
 
 
 def build_report(run_folder: str | Path) -> Path:
     """Write ``report.html`` into ``run_folder`` from the folder alone and return its path."""
-    run = RunData.load(run_folder)
-    body = (f"<h1>interp_bayes report: {_e(run.name)}</h1>{_provenance(run)}"
-            "<h2 id=\"summary\">Summary: this run beside Paper III</h2>"
-            "<p class=\"note\">Shares are at the last layer: observed (95% interval over fresh stratified prompt "
-            "sets from the pool); the bootstrap mean, the paper's statistic, sits above the observed share because "
-            "resampled duplicates inflate PCA shares when prompts are fewer than dimensions; null = mean share of "
-            "permuted / Gaussian clouds of the same size. Paper values as printed (Tables 1-2, §5).</p>"
-            f"{_summary(run)}{_figure_sections(run_figures(run))}{_examples(run)}")
-    return atomic_write_text(run.folder / "report.html", _page(f"interp_bayes: {run.name}", body))
+    run = RunView.load(run_folder)
+    return atomic_write_text(run.folder / "report.html", page(f"interp_bayes: {run.name}", report_body(run)))
 
 
-def _attention(run: RunData) -> str:
-    """MHA / GQA / MQA from the head counts recorded with any saved activation set."""
-    for meta_path in sorted((run.folder / "acts").glob("*/activations.json")):
-        meta = read_json(meta_path)
-        heads, kv = meta.get("n_heads"), meta.get("n_kv_heads")
-        if heads and kv:
-            return "MHA" if kv == heads else "MQA" if kv == 1 else f"GQA ({heads}/{kv})"
-    return "?"
+def _attention(run: RunView) -> str:
+    heads, kv = run.model.get("n_heads"), run.model.get("n_kv_heads")
+    if not heads or not kv:
+        return "?"
+    return "MHA" if kv == heads else "MQA" if kv == 1 else f"GQA ({heads}/{kv})"
 
 
-def _compare_row(run: RunData) -> list[str]:
-    rows = dict(summary_rows(run.metrics))
-    main = run.metrics.get("icl", {}).get("conditions", {}).get("main")
-    sula = f"{main['k_ge_1']['mae']:.3f} bits" if main else "—"
-    axis = "; ".join(f"{label.removeprefix('entropy axis ').split(':')[0]}: {v}" for label, v in rows.items()
-                     if label.startswith("entropy axis")) or "—"
-    special = {"attention": _attention(run), "SULA MAE (k≥1)": sula, "axis r in-sample / held-out": axis}
-    return [run.name] + [special[h] if key is None else rows.get(key, "—") for h, key, _ in COMPARE_COLUMNS]
+def _compare_row(run: RunView) -> list[str]:
+    lines = run.summary()
+    by_paper = {line.paper: line.value for line in lines if line.paper}
+    sula = find(run.rows(), "entropy_mae", condition="main", target="latent", subset="k>=1")
+    axis = "; ".join(f"{line.label.removeprefix('entropy axis ').split(':')[0]}: {line.value}" for line in lines
+                     if line.label.startswith("entropy axis")) or "—"
+    return [run.name, _attention(run), by_paper.get("mixed PC1+PC2", "—"), by_paper.get("math PC1+PC2", "—"),
+            by_paper.get("key orthogonality", "—"), by_paper.get("attention focusing", "—"),
+            f"{sula.value:.3f} bits" if sula else "—", axis]
+
+
+COMPARE_HEADER = ["model", "attention", "PC1+PC2 mixed", "PC1+PC2 math", "key orthogonality", "focusing",
+                  "SULA MAE (k≥1)", "axis r in-sample / held-out"]
+PAPER_KEYS = [None, None, "mixed PC1+PC2", "math PC1+PC2", "key orthogonality", "attention focusing", "SULA MAE", None]
 
 
 def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     """Write a cross-model page (Paper III Table 2 layout) for ``run_folders`` to ``out_path``."""
-    runs = [RunData.load(f) for f in run_folders]
-    header = ["model"] + [h for h, _, _ in COMPARE_COLUMNS]
+    from .figures import compare_figures
+
+    runs = [RunView.load(f) for f in run_folders]
     rows = [_compare_row(r) for r in runs]
-    rows += [[f"{name} (paper)"] + [PAPER_ATTENTION[name] if h == "attention" else paper.get(key, "—")
-                                    for h, _, key in COMPARE_COLUMNS] for name, paper in PAPER_ROWS.items()]
+    rows += [[f"{name} (paper)", PAPER_ATTENTION[name]] + [paper.get(k, "—") for k in PAPER_KEYS[2:]]
+             for name, paper in PAPER_ROWS.items()]
     sources = "".join(f"<li><b>{_e(r.name)}</b>: <code>{_e(r.folder)}</code> (seed {_e(r.config.get('seed'))}, "
                       f"commit {_e((r.env.get('git_commit') or 'unknown')[:12])})</li>" for r in runs)
     body = (f"<h1>interp_bayes: {len(runs)} models compared</h1><ul class=\"sub\">{sources}</ul>"
             "<h2>Table 2 layout</h2><p class=\"note\">Shares at the last layer with 95% intervals and null "
             "means; key orthogonality over 10-90% of heads with the Gaussian null; grey rows: Paper III as "
             "printed.</p>"
-            + _table(header, rows, ["ours"] + ["num"] * len(COMPARE_COLUMNS),
-                     [""] * len(runs) + ["paper"] * len(PAPER_ROWS), table_class="summary")
-            + _figure_sections(compare_figures(runs)))
-    out = Path(out_path)
-    return atomic_write_text(out, _page("interp_bayes: model comparison", body))
+            + table(COMPARE_HEADER, rows, ["ours"] + ["num"] * (len(COMPARE_HEADER) - 1),
+                    [""] * len(runs) + ["paper"] * len(PAPER_ROWS), table_class="summary")
+            + figure_sections(compare_figures(runs)))
+    return atomic_write_text(Path(out_path), page("interp_bayes: model comparison", body))
+
+
+_BUNDLE_SHOWN = False  # plotly.js goes into the first report shown in a kernel only (about 5 MB)
 
 
 @dataclass
 class Report:
-    """A built report; shows inline in Jupyter (as a sandboxed iframe holding the whole page)."""
+    """A built report; in Jupyter it shows inline (summary and figures), with plotly.js sent once per kernel
+    rather than with every output."""
 
     path: Path
 
@@ -204,13 +191,15 @@ class Report:
         return cls(build_report(run_folder))
 
     def _repr_html_(self) -> str:
-        return (f"<iframe srcdoc=\"{html.escape(self.path.read_text())}\" sandbox=\"allow-scripts\" "
-                "style=\"width:100%;height:900px;border:1px solid #ddd\"></iframe>")
+        global _BUNDLE_SHOWN
+        bundle = "" if _BUNDLE_SHOWN else plotly_bundle()
+        _BUNDLE_SHOWN = True
+        return f"{bundle}<div>{report_body(RunView.load(self.path.parent))}</div>"
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Flags of ``interp-bayes report RUN``."""
-    parser.add_argument("run", type=Path, help="run folder written by `interp-bayes sweep` (reports/<model>/<digest>)")
+    parser.add_argument("run", type=Path, help="run folder written by `interp-bayes sweep` (reports/<model>/<key>)")
     return parser
 
 

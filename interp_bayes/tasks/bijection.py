@@ -39,6 +39,19 @@ class BijectionTask:
         """Tokens per sequence for ``length`` key/value pairs (the last value is never shown)."""
         return 2 * (length or self.n_pairs) - 1
 
+    def predictive(self, pairs, query: int) -> np.ndarray:
+        """Exact p(value of key ``query`` | the revealed (key, value) ``pairs``), values as indices 0..V-1: a known key's
+        value with certainty, otherwise uniform over the values not yet revealed (the posterior ``sample`` gives)."""
+        out = np.zeros(self.n_symbols)
+        known = {key: value for key, value in pairs}
+        if query in known:
+            out[known[query]] = 1.0
+            return out
+        unseen = np.ones(self.n_symbols, dtype=bool)
+        unseen[list(known.values())] = False
+        out[unseen] = 1.0 / unseen.sum()
+        return out
+
     def sample(self, n: int, *, seed: int | np.random.Generator | None = None, length: int | None = None) -> TaskBatch:
         """Draw ``n`` sequences of ``length`` pairs (default ``n_pairs``), a fresh bijection each."""
         rng, V, L = as_rng(seed), self.n_symbols, length or self.n_pairs

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from interp_bayes.errors import ConfigError
+
 
 def transition_matrix(n_symbols: int = 8, self_prob: float = 0.3) -> torch.Tensor:
     """Row-stochastic sticky transition matrix [n, n] (float64), built as in the authors' code."""
@@ -64,7 +66,7 @@ def sample_sticky(
 ) -> StickyChain:
     """Sample one chain of ``T`` symbols (``T - 1`` input/target pairs); uniform start symbol."""
     if T < 2:
-        raise ValueError(f"T={T} gives no input/target pair; use T >= 2.")
+        raise ConfigError(f"T={T} gives no input/target pair; use T >= 2.")
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
     trans = transition_matrix(n_symbols, self_prob)
     means = torch.randn(n_symbols, d_embed, generator=torch.Generator().manual_seed(embed_seed))

@@ -21,8 +21,9 @@ from transformers import AutoModelForCausalLM, GPT2Config
 from interp_bayes.errors import ConfigError
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.hmm import HMMTask
+from interp_bayes.tasks.kalman import KalmanTask
 
-TASKS = {"bijection": BijectionTask, "hmm": HMMTask}
+TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask}
 MLP_MODEL_TYPE = "windtunnel_mlp"
 
 
@@ -63,7 +64,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; known: {sorted(known)}.")
+            raise ConfigError(f"Unknown TrainConfig fields {sorted(unknown)}; known: {sorted(known)}.")
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
@@ -97,6 +98,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                     checkpoints=[50, 100, 200, 300, 400, 600, 800, 1000, 1500, 2000, 3000]),
         "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
                      eval_every=100, eval_n=128, log_every=10, checkpoints=[100]),
+        # keys drawn with replacement: the exact entropy then varies at a fixed position (0 at a repeated key,
+        # log2 of the unseen values otherwise), so entropy and position can be told apart
+        "cpu_replacement": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=4000, batch_size=128, lr=3e-3,
+                                warmup=200, weight_decay=0.01, loss="soft", task_kwargs=dict(replacement=True),
+                                checkpoints=[]),
     },
     "hmm": {
         # Paper I HMM size per methods.md §1.5 (9 layers, 8 heads, d 256, d_ff 1024; the code's count, ~7.2M,
@@ -111,6 +117,17 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, n_positions=80, steps=300, batch_size=32,
                      lr=3e-3, warmup=30, eval_every=100, eval_n=64, log_every=10, checkpoints=[100],
                      task_kwargs=dict(n_steps=8)),
+    },
+    "kalman": {  # continuous inputs and a Gaussian head (windtunnel/kalman.py); soft = expected Gaussian NLL
+        "paper": dict(n_layers=6, n_heads=6, d_model=192, d_ff=768, steps=50_000, batch_size=256, lr=3e-4,
+                      warmup=2000, weight_decay=0.01, loss="soft", eval_every=1000, log_every=100,
+                      checkpoints=[100, 200, 500, 1000, 2000, 5000, 10_000, 20_000]),
+        "cpu": dict(n_layers=3, n_heads=4, d_model=64, d_ff=256, steps=6000, batch_size=64, lr=3e-3,
+                    warmup=200, weight_decay=0.01, loss="soft", checkpoints=[250, 500, 1000, 2000, 4000],
+                    task_kwargs=dict(state_dim=1, obs_dim=1)),
+        "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
+                     eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
+                     task_kwargs=dict(state_dim=1, obs_dim=1, n_steps=8)),
     },
 }
 # Sticky HMM (self-transition 0.90..0.98 per state, t_mix(1/4) median 24 steps vs 2 for the paper's family) with
@@ -127,9 +144,9 @@ PRESETS["hmm"] |= {
 def make_config(task: str, preset: str = "cpu", **overrides: Any) -> TrainConfig:
     """The preset's TrainConfig for ``task`` with keyword overrides (e.g. ``steps=200``, ``arch="mlp"``)."""
     if task not in PRESETS:
-        raise ValueError(f"unknown task {task!r}; known tasks: {sorted(PRESETS)}.")
+        raise ConfigError(f"Unknown task {task!r}; known tasks: {', '.join(sorted(PRESETS))}.")
     if preset not in PRESETS[task]:
-        raise ValueError(f"unknown preset {preset!r} for {task}; known presets: {sorted(PRESETS[task])}.")
+        raise ConfigError(f"Unknown preset {preset!r} for {task}; known presets: {', '.join(sorted(PRESETS[task]))}.")
     return TrainConfig.from_dict({"task": task, **PRESETS[task][preset], **overrides})
 
 
@@ -190,9 +207,10 @@ class MLPBaseline(nn.Module):
             if p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` [batch, pos] -> logits [batch, pos, vocab]."""
-        h = self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1], device=input_ids.device))
+    def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids`` [batch, pos] (or their embeddings [batch, pos, d], as HF's) -> logits [batch, pos, vocab]."""
+        tok = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
+        h = tok + self.wpe(torch.arange(tok.shape[1], device=tok.device))
         for block in self.blocks:
             h = h + block(h)
         return self.ln_f(h) @ self.wte.weight.T

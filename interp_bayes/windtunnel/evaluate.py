@@ -150,6 +150,10 @@ def evaluate_windtunnel(
     if isinstance(model, (str, Path)):
         model, cfg = load_windtunnel(model)
         task = task or make_task(cfg)
+    if getattr(task, "name", task) == "kalman":  # Gaussian beliefs: W2, KL and entropy error per step
+        from interp_bayes.windtunnel.kalman import evaluate_kalman
+
+        return evaluate_kalman(model, TASKS[task]() if isinstance(task, str) else task, n, lengths=lengths, seed=seed)
     if isinstance(task, str):
         if task not in TASKS:
             raise ConfigError(f"Unknown wind-tunnel task '{task}'; known tasks: {', '.join(sorted(TASKS))}.")

@@ -115,6 +115,10 @@ def train_windtunnel(
     output folder, which holds the final model, its checkpoints and the metrics log. ``device`` defaults to CUDA
     when available; the saved folders hold float32 weights either way.
     """
+    if task == "kalman":  # continuous inputs and a Gaussian head: its own loop
+        from interp_bayes.windtunnel.kalman import train_kalman
+
+        return train_kalman(preset=preset, out=out, seed=seed, device=device, quiet=quiet, **overrides)
     cfg = make_config(task, preset, seed=seed, **overrides)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,186 @@
+"""Where uncertainty is decodable, layer by layer: a cross-fitted linear decoding curve beside the one-axis readout.
+
+A single PCA axis is one narrow readout (Kossen et al. 2024, semantic-entropy probes, arXiv 2406.15927, decode
+uncertainty linearly from the hidden states). For every reading (residual stream, values, attention output) and
+layer, a ridge regression predicts the target entropy from the final-token reading, cross-fitted over K folds
+(each prompt predicted by a model that never saw it); the held-out R^2 says how much of the entropy is linearly
+decodable there. Beside it, the PC1 axis of the same reading (the paper's readout, ``axis.py``), also fitted on
+the training folds only: its held-out r^2 over the ridge R^2 is the share of the decodable uncertainty that the one
+unsupervised direction carries.
+
+Deconfounded: with ``covariates`` (``confounds.covariate_matrix(confounds.nuisance_columns(...))``) the target and the axis projection are
+residualised on them inside each training fold (the fit on the training rows, applied to the held-out rows), and
+the ridge decodes that residual from the readings with the covariates beside them, unpenalised (Frisch-Waugh-Lovell;
+see ``cross_fitted_decoding``). What remains is the entropy that position, length and k do not explain.
+
+Each R^2 has a bootstrap interval over prompts and a permutation null (the target shuffled, everything refitted:
+the R^2 a decoder reaches on noise of the same distribution).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .axis import _fit_direction
+from .confounds import residualize
+from .geometry import CI_LEVEL, as_float64, correlations
+from .results import Row
+
+READINGS = ("resid", "v", "z")  # residual stream after the block, values (per KV head), attention output
+ALPHAS = np.logspace(-2, 6, 17)
+# readings are stored in float32: a reading whose spread across prompts is below this fraction of its scale is one
+# vector up to rounding (SmolLM2's layer-0 value of the final ':' varies by 3e-7 of its size with the batch shape)
+READING_RTOL = 1e-5
+# covariate columns beside the readings are multiplied by this, so the ridge penalty on their coefficients is at most
+# max(ALPHAS) / COVARIATE_SCALE^2 = 1e-2 of a reading's: unpenalised in practice
+COVARIATE_SCALE = 1e4
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """Pooled held-out R^2 per column (1 - SSE / total sum of squares around the pooled mean)."""
+    y, pred = y.reshape(len(y), -1), pred.reshape(len(pred), -1)
+    return 1 - ((y - pred) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
+
+
+def cross_fitted_decoding(x, y, *, covariates=None, folds: int = 5, n_null: int = 20, alphas=ALPHAS,
+                          seed: int = 0) -> dict:
+    """Held-out ridge predictions and PC1-axis projections of ``y`` from ``x`` ([n, d]), K-fold cross-fitted.
+
+    With ``covariates``, the target and the axis projection are residualised on them in each fold (fitted on the
+    training rows, applied to the held-out rows), and the ridge sees the readings beside the covariates, whose
+    coefficients are left practically unpenalised (their standardised columns scaled by ``COVARIATE_SCALE``): by
+    Frisch-Waugh-Lovell that is the ridge of the residualised target on the residualised readings, but with the
+    penalty chosen by a leave-one-out that is right. Residualising the readings on the training rows themselves
+    makes that choice degenerate: every training row becomes exactly predictable as the penalty goes to 0, the
+    smallest penalty wins and held-out R^2 collapses (SmolLM2's layer-0 residuals: -3 to -15, its shuffled-target
+    nulls as low). Returns ``y`` (the target, residualised per fold when ``covariates`` are given), ``ridge``
+    (held-out predictions), ``axis`` (held-out projections on the training folds' PC1 axis, centred on the training
+    mean) and ``null_r2`` (the ridge R^2 for ``n_null`` shuffled targets, the same folds). The shuffled targets are
+    fitted together with the real one (one multi-output RidgeCV, a penalty per target)."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.model_selection import KFold
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = as_float64(x), as_float64(y)
+    rng = np.random.default_rng(seed)
+    targets = np.column_stack([y] + [rng.permutation(y) for _ in range(n_null)])  # [n, 1 + n_null]
+    pred, y_out, axis = np.empty_like(targets), np.empty_like(targets), np.empty(len(y))
+    for train, test in KFold(n_splits=folds, shuffle=True, random_state=seed).split(x):
+        x_tr, x_te, t_tr, t_te = x[train], x[test], targets[train], targets[test]
+        u = _fit_direction(x_tr, t_tr[:, 0], "pc1")  # the axis sees only the training folds
+        p_tr, p_te = (x_tr - x_tr.mean(0)) @ u, (x_te - x_tr.mean(0)) @ u
+        scaler = StandardScaler().fit(x_tr)
+        z_tr, z_te = scaler.transform(x_tr), scaler.transform(x_te)
+        if covariates is not None:
+            c_tr, c_te = as_float64(covariates)[train], as_float64(covariates)[test]
+            t_tr, t_te = residualize(t_tr, t_te, c_tr, c_te)
+            p_tr, p_te = residualize(p_tr, p_te, c_tr, c_te)
+            c_scaler = StandardScaler().fit(c_tr)
+            z_tr = np.hstack([z_tr, COVARIATE_SCALE * c_scaler.transform(c_tr)])
+            z_te = np.hstack([z_te, COVARIATE_SCALE * c_scaler.transform(c_te)])
+        ridge = RidgeCV(alphas=alphas, alpha_per_target=True).fit(z_tr, t_tr)
+        pred[test], y_out[test], axis[test] = ridge.predict(z_te).reshape(len(test), -1), t_te, p_te
+    return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=_r2(y_out[:, 1:], pred[:, 1:]))
+
+
+def _bootstrap(y: np.ndarray, pred: np.ndarray, axis: np.ndarray, n_boot: int, seed: int) -> tuple[list, list]:
+    rng = np.random.default_rng(seed)
+    r2s, rs = np.empty(n_boot), np.empty(n_boot)
+    for b in range(n_boot):
+        idx = rng.integers(0, len(y), len(y))
+        r2s[b] = _r2(y[idx], pred[idx])[0]
+        rs[b] = np.corrcoef(axis[idx], y[idx])[0, 1]
+    a = (1 - CI_LEVEL) / 2
+    return [float(np.nanquantile(r2s, a)), float(np.nanquantile(r2s, 1 - a))], \
+        [float(np.nanquantile(rs, a)), float(np.nanquantile(rs, 1 - a))]
+
+
+@dataclass
+class DecodingCurve:
+    """Held-out decodability of one target at every (reading, layer), raw and (with covariates) deconfounded."""
+
+    target: str
+    points: list[dict]  # per (reading, layer, adjust): ridge_r2 (+ ci, null), axis_r (+ ci), axis_share (NaN unless
+    #                     ridge_r2 clears its null's 97.5% and 0)
+    folds: int
+    n: int
+    meta: dict = field(default_factory=dict)
+
+    def rows(self) -> list[Row]:
+        """Tidy rows: ridge R^2 with its bootstrap interval and permutation null, the axis r and its share."""
+        out = []
+        for p in self.points:
+            scope = dict(reading=p["reading"], layer=p["layer"], adjust=p["adjust"], target=self.target)
+            out.append(Row("decoding_r2", p["ridge_r2"], "R^2 (held-out)", dict(scope), p["ridge_r2_ci"][0],
+                           p["ridge_r2_ci"][1], "bootstrap 95%", p["null_r2_range"][0], p["null_r2_range"][1],
+                           "shuffled target", self.n, note=p.get("reason")))
+            out.append(Row("axis_r", p["axis_r"], "Pearson r (held-out)", dict(scope), p["axis_r_ci"][0],
+                           p["axis_r_ci"][1], "bootstrap 95%", n=self.n))
+            out.append(Row("axis_share_of_decodable", p["axis_share"], "axis r^2 / ridge R^2", dict(scope), n=self.n))
+        return out
+
+    def figure(self, adjust: str = "raw"):
+        """Plotly: ridge R^2 per layer for each reading (with its null band) and the PC1 axis's r^2 beside it."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for reading in dict.fromkeys(p["reading"] for p in self.points):
+            pts = [p for p in self.points if p["reading"] == reading and p["adjust"] == adjust]
+            layers = [p["layer"] for p in pts]
+            fig.add_scatter(x=layers, y=[p["ridge_r2"] for p in pts], mode="lines+markers",
+                            name=f"{reading}: ridge R²",
+                            error_y=dict(type="data", symmetric=False,
+                                         array=[p["ridge_r2_ci"][1] - p["ridge_r2"] for p in pts],
+                                         arrayminus=[p["ridge_r2"] - p["ridge_r2_ci"][0] for p in pts]))
+            fig.add_scatter(x=layers, y=[p["axis_r"] ** 2 for p in pts], mode="lines", line=dict(dash="dash"),
+                            name=f"{reading}: PC1 axis r²")
+            fig.add_scatter(x=layers, y=[p["null_r2_range"][1] for p in pts], mode="lines", line=dict(dash="dot"),
+                            name=f"{reading}: null 97.5%", opacity=0.5)
+        return fig.update_layout(template="plotly_white", xaxis_title="layer", yaxis_title="held-out R² / r²",
+                                 title=f"Decodable {self.target} ({adjust}) vs one axis, "
+                                       f"{self.folds}-fold cross-fitted")
+
+
+def decoding_curve(acts, target=None, *, target_name: str = "model entropy", readings=None, layers=None,
+                   covariates=None, folds: int = 5, n_null: int = 20, n_boot: int = 1000, alphas=ALPHAS,
+                   seed: int = 0) -> DecodingCurve:
+    """Cross-fitted linear decoding of ``target`` (default the model's entropy, bits) from every collected reading
+    (``resid``, ``v``, ``z``) and layer of ``acts`` (``extract.collect``), beside the PC1 axis of each; raw, and
+    deconfounded when ``covariates`` ([n, c]) are given. A reading constant across prompts (layer 0's final-token
+    value depends on that token alone) gives NaN with the reason."""
+    y = as_float64(acts.entropy if target is None else target)
+    readings = [r for r in (readings or READINGS) if r in acts.readings]
+    layers = acts.layers if layers is None else [acts.layer_index(layer) for layer in layers]
+    adjusts = [("raw", None)] + ([("deconfounded", covariates)] if covariates is not None else [])
+    explained = (covariates is not None
+                 and np.ptp(residualize(y, y, covariates, covariates)[0]) <= 1e-9 * np.abs(y).max())
+    points = []
+    for reading in readings:
+        for layer in layers:
+            x = as_float64(acts.reading(reading, layer))
+            for adjust, cov in adjusts:
+                point = dict(reading=reading, layer=int(layer), adjust=adjust)
+                reason = ("the reading is the same for every prompt up to float32 rounding"
+                          if np.ptp(x, axis=0).max() <= READING_RTOL * np.abs(x).max() else
+                          "the target is a function of the covariates" if cov is not None and explained else None)
+                if reason:
+                    nan2 = [float("nan")] * 2
+                    points.append(dict(point, ridge_r2=float("nan"), ridge_r2_ci=nan2, null_r2_range=nan2,
+                                       axis_r=float("nan"), axis_r_ci=nan2, axis_share=float("nan"), reason=reason))
+                    continue
+                fit = cross_fitted_decoding(x, y, covariates=cov, folds=folds, n_null=n_null, alphas=alphas,
+                                            seed=seed)
+                r2 = float(_r2(fit["y"], fit["ridge"])[0])
+                axis_r = correlations(fit["axis"], fit["y"])["pearson"]
+                r2_ci, r_ci = _bootstrap(fit["y"], fit["ridge"], fit["axis"], n_boot, seed)
+                null = fit["null_r2"]
+                null_range = [float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))] if len(null) \
+                    else [float("nan")] * 2
+                decodable = r2 > max(0.0, null_range[1]) if len(null) else r2 > 0  # a ratio of noise means nothing
+                point.update(ridge_r2=r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci, null_r2_range=null_range,
+                             axis_share=float(axis_r**2 / r2) if decodable else float("nan"))
+                points.append(point)
+    return DecodingCurve(target=target_name, points=points, folds=folds, n=len(y),
+                         meta=dict(n_null=n_null, n_boot=n_boot, seed=seed, readings=readings, layers=list(layers)))

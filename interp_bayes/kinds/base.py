@@ -1,0 +1,136 @@
+"""What a probe kind is: typed parameters, a computation, and the views of its results.
+
+A kind owns its whole vertical. Its ``Params`` dataclass is the single home of its defaults and refuses unknown
+keys; ``run(ctx, params)`` computes and returns tidy rows (plus per-prompt data for its figures, and any files it
+saves through the context); ``summary(rows, params)`` turns its rows (and nothing else) into the summary lines the
+report shows; ``figures(view)`` draws from what the probe wrote. The report iterates over the kinds recorded in the
+run folder and never knows a probe by its recipe name.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Callable, ClassVar
+
+from ..errors import ConfigError
+from ..results import Row
+
+
+@dataclass(frozen=True)
+class Params:
+    """Base of every kind's parameters. Subclasses are frozen dataclasses whose field defaults are the defaults."""
+
+    kind: ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Params":
+        """Build from a recipe's keys: unknown keys and values of the wrong type are refused with one sentence."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(f"Unknown parameter(s) {', '.join(unknown)} for probe kind '{cls.kind}'; valid "
+                              f"parameters: {', '.join(sorted(known))}.")
+        hints = typing.get_type_hints(cls)
+        for name, value in data.items():
+            if not _fits(value, hints[name]):
+                raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' must be {_describe(hints[name])}, "
+                                  f"not {value!r}.")
+        return cls(**{k: _freeze(v) for k, v in data.items()})
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self), default=list))
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """name -> default, for ``interp-bayes probes``."""
+        out = {}
+        for f in fields(cls):
+            value = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            out[f.name] = value
+        return out
+
+
+def _freeze(value):
+    """Lists from YAML become tuples, so params stay hashable and immutable."""
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _freeze(v) for k, v in value.items()}
+    return value
+
+
+def _fits(value, hint) -> bool:
+    """A light type check of a recipe value against a field's annotation (ints accepted for floats)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint in (tuple, list):
+        return isinstance(value, (list, tuple))
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = args[0] if args else Any
+        return all(_fits(v, inner) for v in value) if inner is not Ellipsis else True
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+@dataclass
+class Result:
+    """What ``run`` returns: the tidy rows, and per-prompt data its figures need (written to ``data.json``)."""
+
+    rows: list[Row]
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class Line:
+    """One summary line: a label, the value as text, the verdict against its null, and the paper's row it sits
+    beside (a key of report.tables.PAPER_ROWS), if any."""
+
+    label: str
+    value: str
+    verdict: str = ""
+    paper: str | None = None
+
+
+@dataclass
+class Figure:
+    """A figure (plotly) or an HTML fragment (already escaped) the report shows for a probe, with a caption."""
+
+    id: str
+    title: str
+    content: Any  # plotly.graph_objects.Figure or str (HTML)
+    caption: str = ""
+
+
+@dataclass
+class Kind:
+    """A registered probe kind."""
+
+    name: str
+    params: type[Params]
+    run: Callable  # (ctx, params) -> Result
+    summary: Callable = lambda rows, params: []  # (rows, params) -> list[Line]
+    figures: Callable = lambda view: []  # (ProbeView) -> list[Figure]
+    plan: Callable = lambda ctx, params: []  # (ctx, params) -> list[PlanItem], for --dry-run
+    version: int = 1  # bump when the computation changes, so cached results of older versions are recomputed
+    doc: str = ""

@@ -1,0 +1,106 @@
+"""Where is uncertainty decodable, layer by layer (after semantic-entropy probes, Kossen et al. 2024)? A cross-fitted
+ridge decoder of the model's entropy and of the exact Bayes entropy from the residual stream, the values and the
+attention output at each layer, raw and deconfounded (on position, length and k), beside the PC1 axis's held-out
+correlation at the same layer: how much of the decodable uncertainty one direction captures (docs/rivals.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..results import Row, select
+from . import register
+from .base import Figure, Kind, Line, Params, Result
+from .common import sula
+
+
+@dataclass(frozen=True)
+class DecodingParams(Params):
+    layers: tuple[int, ...] | str = "spread5"  # layers decoded from
+    readings: tuple[str, ...] = ("resid", "v", "z")
+    per_k: int = 50
+    seed: int = 42
+    covariates: tuple[str, ...] = ("length", "k", "log_k")
+    folds: int = 5
+    n_null: int = 20  # shuffled-target decoders of the null
+    n_boot: int = 1000
+
+
+TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))
+
+
+def run(ctx, p: DecodingParams) -> Result:
+    from ..confounds import covariate_matrix, nuisance_columns
+    from ..decoding import decoding_curve
+
+    layers = ctx.layers(p.layers)
+    acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
+    readings = ctx.activations("sula-main-readings", cols["text"], layers=layers, readings=p.readings,
+                               label_tokens=acts.meta["label_tokens"])
+    cov = covariate_matrix({c: v for c, v in nuisance_columns([len(t) for t in acts.token_ids],
+                                                              k=cols["k"]).items() if c in p.covariates})
+    rows = []
+    for name, column in TARGETS:
+        curve = decoding_curve(readings, None if column is None else np.asarray(cols[column]), target_name=name,
+                               readings=p.readings, layers=layers, covariates=cov, folds=p.folds, n_null=p.n_null,
+                               n_boot=p.n_boot, seed=ctx.config.seed)
+        rows += curve.rows()
+    return Result(rows)
+
+
+def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
+    out = []
+    for target, _ in TARGETS:
+        for adjust in ("raw", "deconfounded"):
+            r2 = [r for r in select(rows, "decoding_r2", target=target, adjust=adjust) if np.isfinite(r.value)]
+            if not r2:
+                continue
+            best = max(r2, key=lambda r: r.value)
+            share = next((r for r in select(rows, "axis_share_of_decodable", target=target, adjust=adjust,
+                                            layer=best.scope["layer"], reading="v")), None)
+            share_text = f"; the values' PC1 axis carries {share.value:.0%} of it at that layer" \
+                if share is not None and np.isfinite(share.value) else ""
+            out.append(Line(f"decodable {target} ({adjust}): best held-out R²",
+                            f"{best.value:.2f} ({best.scope['reading']} L{best.scope['layer']}; shuffled-target null "
+                            f"up to {best.null_high:.2f}){share_text}", best.verdict()))
+    return out
+
+
+def figures(probes) -> list[Figure]:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..report.figures import layout
+
+    out = []
+    for p in probes:
+        targets = list(dict.fromkeys(r.scope["target"] for r in select(p.rows, "decoding_r2")))
+        adjusts = ("raw", "deconfounded")
+        fig = make_subplots(rows=len(targets), cols=2, shared_xaxes=True, shared_yaxes=True,
+                            subplot_titles=[f"{t}, {a}" for t in targets for a in adjusts])
+        for i, target in enumerate(targets, start=1):
+            for j, adjust in enumerate(adjusts, start=1):
+                for reading in p.params.get("readings", []):
+                    rs = sorted(select(p.rows, "decoding_r2", target=target, adjust=adjust, reading=reading),
+                                key=lambda r: r.scope["layer"])
+                    fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs],
+                                             mode="lines+markers", name=f"ridge R², {reading}", legendgroup=reading,
+                                             showlegend=i == j == 1), row=i, col=j)
+                axis = sorted(select(p.rows, "axis_r", target=target, adjust=adjust, reading="v"),
+                              key=lambda r: r.scope["layer"])
+                fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in axis], y=[r.value ** 2 for r in axis],
+                                         mode="lines+markers", line=dict(dash="dash", color="#c0392b"),
+                                         name="PC1 axis r² (values)", legendgroup="axis", showlegend=i == j == 1),
+                              row=i, col=j)
+        fig.update_xaxes(title_text="layer")
+        fig.update_yaxes(title_text="held-out R²", range=[-0.1, 1.0])
+        out.append(Figure(f"decoding-{p.name}", "Decodable uncertainty per layer", layout(
+            fig, "How much uncertainty a linear decoder reads at each layer, and how much of it the axis carries",
+            height=330 * len(targets) + 80),
+            "Solid: cross-fitted ridge R² per reading; dashed red: the values' PC1 axis r². A gap between them is "
+            "uncertainty a single direction misses; the right column removes position, length and k first."))
+    return out
+
+
+KIND = register(Kind("decoding", DecodingParams, run, summary, figures, doc=__doc__))

@@ -1,0 +1,270 @@
+"""Paper III's causal test on the SULA task: cut / only / +-1 sigma shift of the entropy axis at a middle layer
+alone (so later layers show the geometry downstream of the edit) and at five evenly spaced layers ending at the last
+(each with its own axis), against control axes. The axes are fitted on half of the prompts (half of every k) and
+the edits evaluated on the other half (``fit: in_sample`` fits on the evaluation half itself, as the paper did)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..results import Row, find, select
+from . import register
+from .base import Figure, Kind, Line, Params, Result
+from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula, sula_task
+
+MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no range is shown
+MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")
+MEASURE_LABELS = dict(mae_k_ge_1="Δ entropy MAE vs Bayes, k≥1 (bits)", corr_bayes="Δ r(model H, Bayes H), k≥1",
+                      kl_bits="KL(edited ‖ unperturbed) (bits)", geom_downstream="Δ r(v·u, model H) at later layers")
+FAMILY_COLOURS = dict(true="#c0392b", isotropic="#7f8c8d", matched="#2e86c1", pcs="#27ae60")
+
+
+@dataclass(frozen=True)
+class InterventionsParams(Params):
+    method: str = "pc1"  # axis fit: pc1 or ridge
+    fit: str = "cross"  # "cross": fit on one half of the prompts, evaluate on the other; "in_sample": the paper's
+    layer_sets: tuple = ("middle", "spread5")  # each a layer spec ("middle", "spread5") or a list of layers
+    ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
+    controls: dict = field(default_factory=lambda: {"isotropic": 3, "matched": 3, "pcs": 1})  # family -> draws
+    per_k: int = 50
+    seed: int = 42  # the SULA prompt draws
+    layers: tuple[int, ...] | str = SULA_LAYERS
+    axis_control: tuple[str, ...] = ()  # covariates of a conditional axis (e.g. [length, k, log_k]); () = plain axis
+    covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded baseline geometry
+    n_perm: int = 1000
+
+
+def split_by_k(k, seed: int) -> tuple[list[int], list[int]]:
+    """Two halves of the prompt indices, each holding half of every k (the fit / evaluation split)."""
+    rng = np.random.default_rng(seed)
+    fit, ev = [], []
+    k = np.asarray(k)
+    for kk in sorted(set(k.tolist())):
+        idx = rng.permutation(np.flatnonzero(k == kk))
+        fit += idx[: len(idx) // 2].tolist()
+        ev += idx[len(idx) // 2:].tolist()
+    return sorted(fit), sorted(ev)
+
+
+def split_by_group(groups, seed: int) -> tuple[list[int], list[int]]:
+    """Two halves of the prompt indices such that no group (e.g. a wind-tunnel sequence, whose prefixes are the
+    prompts) has prompts on both sides: the fit can learn nothing about the evaluation prompts' sequences."""
+    groups = np.asarray(groups)
+    ids = np.random.default_rng(seed).permutation(np.unique(groups))
+    fit_groups = set(ids[: len(ids) // 2].tolist())
+    fit = [i for i, g in enumerate(groups.tolist()) if g in fit_groups]
+    return fit, [i for i in range(len(groups)) if groups[i] not in fit_groups]
+
+
+def layer_sets(ctx, specs) -> list[list[int]]:
+    return [ctx.layers(s) if isinstance(s, str) else ctx.layers(list(s)) for s in specs]
+
+
+def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: list[int], sets: list[list[int]],
+             fit_idx: list[int], eval_idx: list[int], columns: dict, strata, strata_name: str) -> Result:
+    """Fit an entropy axis per layer on ``fit_idx`` (conditional on ``p.axis_control`` when given), run every edit
+    of ``p`` on the ``eval_idx`` prompts against the control axes, and return tidy rows (plus every run's measures
+    as data, for the figures). ``columns`` are the nuisance covariates of every prompt, ``strata`` their strata."""
+    from ..axis import fit_entropy_axis
+    from ..interventions import run_interventions, summarize
+
+    unknown = sorted(set(p.controls) - {"isotropic", "matched", "pcs"})
+    if unknown:
+        raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: isotropic, matched, pcs.")
+    layers = sorted({x for s in sets for x in s})
+    control = {c: columns[c] for c in p.axis_control} if p.axis_control else None
+    axes = {layer: fit_entropy_axis(acts, layer, p.method, subset=fit_idx, folds=0, seed=ctx.config.seed,
+                                    control=control) for layer in layers}
+    ev = np.asarray(eval_idx)
+    geometry = []  # the axis' reading on the evaluation prompts (never fitted on), raw and deconfounded
+    for layer, a in axes.items():
+        proj = a.project(acts.values(layer)[ev]).double().numpy()
+        for target, y in (("model entropy", acts.entropy.numpy()), ("bayes latent", np.asarray(cols["bayes_entropy"]))):
+            geometry += deconfounded(proj, y[ev], {c: v[ev] for c, v in columns.items()}, p.covariates,
+                                     np.asarray(strata)[ev], strata_name, n_perm=p.n_perm, seed=ctx.config.seed,
+                                     metric="corr_eval_projection", scope=dict(layer=layer, target=target,
+                                                                               condition="baseline"))
+    task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
+    t = time.perf_counter()
+    res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
+                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
+                            label_tokens=label_tokens, layer_sets=sets, ops=p.ops,
+                            n_isotropic=p.controls.get("isotropic", 0), n_matched=p.controls.get("matched", 0),
+                            n_pcs=p.controls.get("pcs", 0), seed=ctx.config.seed, batch_size=ctx.config.batch_size,
+                            progress=not ctx.config.quiet)
+    seconds = time.perf_counter() - t
+    n = len(eval_idx)
+    rows = [Row(measure, value, "bits" if "mae" in measure else "r", dict(condition="baseline"), n=n)
+            for measure, value in res.baseline.items() if measure != "entropy"]
+    for s in summarize(res, task, metrics=MEASURES, seed=ctx.config.seed):
+        scope = dict(layer_set=s["layer_set"], op=s["op"], measure=s["metric"])
+        matched_n = s.get("matched_n", 0)
+        null = (s["matched_range"], f"matched controls ({matched_n} draws)") if matched_n >= MIN_DRAWS else (None, None)
+        ci = s.get("true_effect_ci") or [None, None]
+        rows.append(Row("effect", s["true_effect"], "bits" if "mae" in s["metric"] or "kl" in s["metric"] else "r",
+                        dict(scope, family="true"), ci[0], ci[1], "bootstrap 95%" if ci[0] is not None else None,
+                        *(null[0] or [None, None]), null[1], n=n, note=f"baseline {s['baseline']:.4g}"))
+        for fam in p.controls:
+            if f"{fam}_mean" not in s:
+                continue
+            k = s[f"{fam}_n"]
+            rng = s[f"{fam}_range"] if k >= MIN_DRAWS else [None, None]
+            rows.append(Row("effect", s[f"{fam}_mean"], rows[-1].unit, dict(scope, family=fam), *rng,
+                            "controls 95%" if k >= MIN_DRAWS else None, n=k,
+                            note=None if k >= MIN_DRAWS else f"too few draws for a range ({k})"))
+            rows.append(Row("percentile_of_true", s[f"{fam}_percentile"], "fraction", dict(scope, family=fam), n=k,
+                            note=None if k >= MIN_DRAWS else f"too few draws for a percentile ({k})"))
+    rows += geometry + [Row("axis_sigma", a.sigma, "value units", dict(layer=layer)) for layer, a in axes.items()]
+    rows += [Row("forward_prompts", res.n_forward_prompts, "prompts", {}), Row("seconds", seconds, "s", {})]
+    return Result(rows, dict(runs=res.rows, baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
+                             fit=p.fit, n_eval=n, n_fit=len(fit_idx)))
+
+
+def run(ctx, p: InterventionsParams) -> Result:
+    from ..confounds import nuisance_columns
+
+    if p.fit not in ("cross", "in_sample"):
+        raise ConfigError(f"fit must be 'cross' or 'in_sample', not {p.fit!r}.")
+    acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
+    fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
+    if p.fit == "in_sample":
+        fit_idx = eval_idx
+    _, ids = sula_task(ctx, p.per_k)
+    columns = nuisance_columns([len(t) for t in acts.token_ids], k=cols["k"])
+    return protocol(ctx, p, ctx.model, cols["text"], acts, cols, label_tokens=ids["main"],
+                    sets=layer_sets(ctx, p.layer_sets), fit_idx=fit_idx, eval_idx=eval_idx, columns=columns,
+                    strata=cols["k"], strata_name="k")
+
+
+def plan(ctx, p: InterventionsParams) -> list:
+    from ..sweep import PlanItem
+
+    items = plan_sula(ctx, "interventions", ["main"], p.per_k, p.seed, p.layers)
+    n_runs = 1 + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values()))
+    n_eval = 5 * p.per_k - 5 * p.per_k // 2
+    items.append(PlanItem("interventions", f"{n_runs} edited and unedited runs of ~{n_eval} prompts", False,
+                          n_runs * n_eval))
+    return items
+
+
+def effect_text(rows: list[Row], **scope) -> tuple[str, str]:
+    """'true +x (CI); family mean [range] (pct p of n draws); ...' and the true effect's verdict."""
+    true = find(rows, "effect", family="true", **scope)
+    ci = f" ({true.low:+.4f}, {true.high:+.4f})" if true.low is not None else ""
+    parts = [f"true {true.value:+.4f}{ci}"]
+    for r in select(rows, "effect", **scope):
+        fam = r.scope["family"]
+        if fam == "true":
+            continue
+        pct = find(rows, "percentile_of_true", family=fam, **scope)
+        if r.low is None:
+            parts.append(f"{fam} {r.value:+.4f} (too few draws for a percentile: {r.n})")
+        else:
+            parts.append(f"{fam} {r.value:+.4f} [{r.low:+.4f}, {r.high:+.4f}] (pct {pct.value:.2f} of {r.n} draws)")
+    return "; ".join(parts), true.verdict().replace("null", "matched controls")
+
+
+def summary_lines(rows: list[Row], prefix: str = "") -> list[Line]:
+    out = []
+    layers = sorted({r.scope["layer"] for r in select(rows, "corr_eval_projection")})
+    if layers:
+        text, claim = deconfounded_text(rows, "corr_eval_projection", layer=layers[-1], target="bayes latent")
+        out.append(Line(f"{prefix}axis L{layers[-1]} on the evaluation prompts vs Bayes H", text, claim))
+    for r in select(rows, "effect", measure="mae_k_ge_1", family="true"):
+        text, verdict = effect_text(rows, layer_set=r.scope["layer_set"], op=r.scope["op"], measure="mae_k_ge_1")
+        out.append(Line(f"{prefix}{r.scope['op']} L{r.scope['layer_set']}: change in MAE k>=1 (bits)", text, verdict))
+    return out
+
+
+def summary(rows: list[Row], p: InterventionsParams) -> list[Line]:
+    return summary_lines(rows, "conditional axis: " if p.axis_control else "")
+
+
+def effects_figure(p, title_prefix: str = "") -> Figure | None:
+    """Per layer set and operator: the true axis' effect (diamond, bootstrap CI for the MAE) against every control
+    draw (strips per family), one panel per measure."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..report.figures import layout
+
+    runs = p.data.get("runs")
+    if not runs:
+        return None
+    measures = [m for m in MEASURES if select(p.rows, "effect", measure=m, family="true")]
+    fig = make_subplots(rows=len(measures), cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=[MEASURE_LABELS[m] for m in measures])
+    families = list(dict.fromkeys(r["kind"] for r in runs if r["kind"] != "true"))
+    for i, measure in enumerate(measures, start=1):
+        true = select(p.rows, "effect", measure=measure, family="true")
+        # a draw's effect is its raw measure minus the edit's reference (the baseline; 0 for the KL), and the true
+        # run's row gives that reference as its raw measure minus its effect
+        ref = {(r.scope["layer_set"], r.scope["op"]): r.value - _true_raw(runs, r.scope) for r in true}
+        for fam in families:
+            sel = [r for r in runs if r["kind"] == fam and (r["layer_set"], r["op"]) in ref]
+            fig.add_trace(go.Box(x=[f"L{r['layer_set']} · {r['op']}" for r in sel],
+                                 y=[r[measure] + ref[(r["layer_set"], r["op"])] for r in sel],
+                                 name=f"{fam} controls", legendgroup=fam, showlegend=i == 1, boxpoints="all",
+                                 jitter=0.6, pointpos=0, fillcolor="rgba(0,0,0,0)", line=dict(color="rgba(0,0,0,0)"),
+                                 marker=dict(color=FAMILY_COLOURS.get(fam), size=6, opacity=0.75)), row=i, col=1)
+        has_ci = all(r.low is not None for r in true)
+        fig.add_trace(go.Scatter(
+            x=[f"L{r.scope['layer_set']} · {r.scope['op']}" for r in true], y=[r.value for r in true],
+            mode="markers", name="true entropy axis", legendgroup="true", showlegend=i == 1,
+            marker=dict(symbol="diamond", size=13, color=FAMILY_COLOURS["true"], line=dict(color="white", width=1)),
+            error_y=dict(type="data", array=[r.high - r.value for r in true],
+                         arrayminus=[r.value - r.low for r in true]) if has_ci else None), row=i, col=1)
+        fig.add_hline(y=0, line=dict(color="#888", width=1), row=i, col=1)
+    return Figure(f"interventions-{p.name}", f"{title_prefix}Interventions", layout(
+        fig, f"{title_prefix}Interventions: true axis vs control axes ({p.data.get('fit')} fit, "
+             f"{p.data.get('n_eval')} evaluation prompts)", boxmode="group", height=260 * len(measures) + 80),
+        "A red diamond outside its control strips means editing the entropy axis does something random axes do not.")
+
+
+def _true_raw(runs: list[dict], scope: dict) -> float:
+    """The raw measure of the true-axis run of a (layer set, op)."""
+    for r in runs:
+        if r["kind"] == "true" and r["layer_set"] == scope["layer_set"] and r["op"] == scope["op"]:
+            return r[scope["measure"]]
+    return float("nan")
+
+
+def per_k_figure(p, title_prefix: str = "") -> Figure | None:
+    """Change in entropy MAE per k of every edit, true axis against the mean of each control family."""
+    import plotly.graph_objects as go
+
+    from ..report.figures import layout
+
+    runs, base = p.data.get("runs"), p.data.get("baseline", {})
+    ks = sorted(int(key[len("mae_k"):]) for key in base if key.startswith("mae_k") and key[5:].isdigit())
+    if not runs or not ks:
+        return None
+    fig = go.Figure()
+    edits = list(dict.fromkeys((r["layer_set"], r["op"]) for r in runs))
+    for layer_set, op in edits:
+        for fam in dict.fromkeys(r["kind"] for r in runs):
+            sel = [r for r in runs if r["kind"] == fam and r["layer_set"] == layer_set and r["op"] == op]
+            y = [float(np.mean([r[f"mae_k{k}"] for r in sel])) - base[f"mae_k{k}"] for k in ks]
+            fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers", name=f"L{layer_set} {op}: {fam}",
+                                     legendgroup=f"{layer_set}{op}", visible=True if fam == "true" else "legendonly",
+                                     line=dict(color=FAMILY_COLOURS.get(fam), dash="solid" if fam == "true" else "dot")))
+    fig.add_hline(y=0, line=dict(color="#888", width=1))
+    fig.update_xaxes(title_text="k (in-context examples)")
+    fig.update_yaxes(title_text="Δ entropy MAE vs Bayes (bits)")
+    return Figure(f"interventions-per-k-{p.name}", f"{title_prefix}Intervention effects per k", layout(
+        fig, f"{title_prefix}Change in calibration per k (true axis; click a legend entry for its controls' mean)"),
+        "Where an edit hurts: a true-axis curve above its controls' at some k means the axis matters there.")
+
+
+def figures(probes) -> list[Figure]:
+    out = []
+    for p in probes:
+        out += [f for f in (effects_figure(p), per_k_figure(p)) if f is not None]
+    return out
+
+
+KIND = register(Kind("interventions", InterventionsParams, run, summary, figures, plan, doc=__doc__))

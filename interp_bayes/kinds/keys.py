@@ -1,0 +1,77 @@
+"""Key orthogonality (Paper III): mean |cos| between the d_head columns of W_K per layer and KV head, beside
+Gaussian W_K of the same shape (the null, in the right dimension: columns live in R^d_model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..results import Row, find, select
+from . import register
+from .base import Figure, Kind, Line, Params, Result
+
+
+@dataclass(frozen=True)
+class KeysParams(Params):
+    n_null: int = 200  # Gaussian W_K draws of the null
+
+
+def run(ctx, p: KeysParams) -> Result:
+    from ..geometry import key_orthogonality, key_orthogonality_null
+
+    model = ctx.model
+    scores = key_orthogonality(model)  # [layers, kv heads]
+    null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, n_draws=p.n_null, seed=ctx.config.seed)
+    band = [float(np.quantile(scores, 0.1)), float(np.quantile(scores, 0.9))]
+    n_heads = scores.shape[1]
+    rows = [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
+                float(scores[layer].max()), "range over KV heads", null["range"][0], null["range"][1],
+                f"gaussian W_K ({p.n_null} draws)", n_heads) for layer in range(len(scores))]
+    rows += [Row("key_orthogonality_heads", float(np.median(scores)), "|cos|", {}, band[0], band[1],
+                 "10-90% of heads", null["range"][0], null["range"][1], f"gaussian W_K ({p.n_null} draws)",
+                 scores.size),
+             Row("key_orthogonality_null_mean", null["mean"], "|cos|", {}, null["range"][0], null["range"][1],
+                 "gaussian null 95%", note=f"analytic large-d value {null['analytic']:.4f}")]
+    return Result(rows, dict(per_head=scores.tolist()))
+
+
+def summary(rows: list[Row], p: KeysParams) -> list[Line]:
+    heads, null = find(rows, "key_orthogonality_heads"), find(rows, "key_orthogonality_null_mean")
+    return [Line("key orthogonality (10-90% of heads)", f"{heads.low:.3f}-{heads.high:.3f}; Gaussian null "
+                 f"{null.value:.3f}", heads.verdict(), "key orthogonality")]
+
+
+def figures(probes) -> list[Figure]:
+    import plotly.graph_objects as go
+
+    from ..report.figures import COLOURS, layout
+
+    out = []
+    for p in probes:
+        per_head = np.asarray(p.data["per_head"])  # [layers, kv heads]
+        layers = np.arange(len(per_head))
+        means = sorted(select(p.rows, "key_orthogonality"), key=lambda r: r.scope["layer"])
+        null, heads = find(p.rows, "key_orthogonality_null_mean"), find(p.rows, "key_orthogonality_heads")
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(x=np.r_[layers, layers[::-1]], y=np.r_[per_head.max(1), per_head.min(1)[::-1]],
+                                 fill="toself", fillcolor="rgba(31,78,121,0.15)", line=dict(width=0), mode="lines",
+                                 name="range across heads", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=np.repeat(layers, per_head.shape[1]), y=per_head.ravel(), mode="markers",
+                                 marker=dict(size=5, color="rgba(31,78,121,0.5)"), name="KV head",
+                                 customdata=np.tile(np.arange(per_head.shape[1]), len(layers)),
+                                 hovertemplate="layer %{x}, head %{customdata}: %{y:.3f}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=layers, y=[r.value for r in means], mode="lines", name="layer mean",
+                                 line=dict(color=COLOURS["observed"], width=2)))
+        fig.add_hrect(y0=null.low, y1=null.high, fillcolor="rgba(192,57,43,0.08)", line_width=0)
+        fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[null.value] * 2, mode="lines",
+                                 line=dict(color=COLOURS["true"], dash="dash"), name="Gaussian W_K null (95% range)"))
+        fig.update_xaxes(title_text="layer", dtick=max(1, len(layers) // 12))
+        fig.update_yaxes(title_text="mean |cos| of key columns")
+        out.append(Figure(f"keys-{p.name}", "Key orthogonality", layout(
+            fig, f"Key orthogonality per layer (10-90% of heads: {heads.low:.3f}-{heads.high:.3f})"),
+            "Points well below the red dashed null mean keys more orthogonal than random weights of the same shape."))
+    return out
+
+
+KIND = register(Kind("keys", KeysParams, run, summary, figures, doc=__doc__))

@@ -1,0 +1,207 @@
+"""Value manifold (Paper III Table 1): PCA of final-token values of a prompt set drawn per entropy quantile from a
+pool, with an interval over fresh draws, the bootstrap (the paper's statistic) and two empirical nulls."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..results import Row, find, select
+from .base import Figure, Kind, Line, Params, Result
+from .common import deconfounded, deconfounded_text, last_layer, manifold_rows, pool, share_text
+from . import register
+
+DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
+
+
+@dataclass(frozen=True)
+class ManifoldParams(Params):
+    prompts: str | dict | None = None  # prompt source: built-in set, JSONL path or {dataset: ...}; None: the sweep's
+    domain: str | None = None  # restrict the pool to one domain (e.g. mathematics)
+    per_bin: int = 15  # prompts per entropy quantile bin (Paper III: 15 x 5 = 75)
+    n_bins: int = 5
+    n_boot: int = 1000  # bootstrap resamples (the paper's interval, biased upward when n < d)
+    n_null: int = 200  # draws of each null
+    n_resample: int = 200  # fresh stratified draws from the pool: the interval shown
+    covariates: tuple[str, ...] = ("length",)  # nuisance covariates of the deconfounded PC1-entropy correlation
+    length_bins: int = 5  # strata of the within-stratum correlation: quantile bins of prompt length
+    n_perm: int = 1000  # draws of the within-stratum permutation null
+
+
+def label(params: ManifoldParams) -> str:
+    return DOMAIN_LABELS.get(params.domain, params.domain)
+
+
+def run(ctx, p: ManifoldParams) -> Result:
+    from ..geometry import manifold_report, pca, resample_shares
+    from ..prompts import stratified_sample
+
+    acts, ds = pool(ctx, p.prompts)
+    domains = np.array(ds["domain"])
+    pool_idx = np.arange(len(acts)) if p.domain is None else np.flatnonzero(domains == p.domain)
+    if len(pool_idx) == 0:
+        raise ConfigError(f"No prompts of domain {p.domain!r} in the prompt source; domains there: "
+                          f"{', '.join(sorted(set(domains.tolist())))}.")
+
+    def draw(seed: int) -> np.ndarray:
+        return pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.per_bin, n_bins=p.n_bins,
+                                          seed=seed)]
+
+    from ..confounds import length_strata, nuisance_columns
+
+    chosen = draw(ctx.config.seed)
+    redraws = [draw(ctx.config.seed + 1 + r) for r in range(p.n_resample)]
+    lengths = np.array([len(acts.token_ids[i]) for i in chosen])
+    columns = nuisance_columns(lengths)
+    rows, layers = [], {}
+    for layer in acts.layers:
+        x = acts.values(layer)[chosen]
+        rep = manifold_report(x, acts.entropy[chosen], n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
+        rep["resample"] = resample_shares(acts.values(layer), redraws)
+        rows += manifold_rows(rep, dict(layer=layer))
+        rows += deconfounded(rep["pc1_score"], acts.entropy[chosen], columns, p.covariates,
+                             length_strata(lengths, p.length_bins), "length bin", n_perm=p.n_perm,
+                             seed=ctx.config.seed, metric="corr_pc1", scope=dict(layer=layer, target="entropy"))
+        ratios, _, scores = pca(x)
+        sign = 1.0 if np.dot(scores[:, 0], rep["pc1_score"]) >= 0 else -1.0  # PC1 oriented with entropy
+        layers[str(layer)] = dict(pc1=(sign * scores[:, 0]).tolist(), pc2=scores[:, 1].tolist(),
+                                  ratios=ratios[:2].tolist())
+    texts = list(ds["text"])
+    data = dict(label=label(p), indices=chosen.tolist(), entropy=acts.entropy[chosen].tolist(),
+                texts=[texts[i] for i in chosen], lengths=lengths.tolist(), pool_size=int(len(pool_idx)),
+                layers=layers)
+    return Result(rows, data)
+
+
+def plan(ctx, p: ManifoldParams) -> list:
+    from ..prompts import load_source, source_label
+
+    spec = p.prompts if p.prompts is not None else ctx.config.prompts
+    texts = list(load_source(spec)["text"])
+    return [ctx.plan_acts("manifold", f"pool-{source_label(spec)}", texts, layers=ctx.layers(None),
+                          dims=ctx.site_dims())]
+
+
+def summary(rows: list[Row], p: ManifoldParams) -> list[Line]:
+    name, layer = label(p), last_layer(rows)
+    if layer is None:
+        return []
+    at = dict(layer=layer)
+    pc1, v1 = share_text(rows, "pc1", **at)
+    pc12, v12 = share_text(rows, "pc12", **at)
+    rho = find(rows, "spearman_pc1", target="entropy", **at)
+    pr = find(rows, "participation_ratio", **at)
+    dim = find(rows, "dim", **at)
+    deconf, claim = deconfounded_text(rows, "corr_pc1", target="entropy", **at)
+    return [Line(f"{name} PC1 (layer {layer})", pc1, v1, f"{name} PC1"),
+            Line(f"{name} PC1+PC2 (layer {layer})", pc12, v12, f"{name} PC1+PC2"),
+            Line(f"{name} Spearman(PC1, H)", f"{rho.value:+.2f} (PC1 oriented so that Pearson r >= 0)"
+                 + (f"; {deconf}" if deconf else ""), claim, "Spearman(PC1, H) mixed / math"),
+            Line(f"{name} participation ratio", f"{pr.value:.1f} of {dim.value:.0f} dims")]
+
+
+def _scatter(probes) -> Figure | None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..report.figures import layout, shorten
+
+    panels = []
+    for p in probes:
+        d = p.data
+        layer = str(last_layer(p.rows))
+        if layer not in d.get("layers", {}):
+            continue
+        L = d["layers"][layer]
+        panels.append((d["label"], np.asarray(L["pc1"]), np.asarray(L["pc2"]), L["ratios"], np.asarray(d["entropy"]),
+                       [html.escape(shorten(t)) for t in d["texts"]]))
+    if not panels:
+        return None
+    hmin, hmax = min(x[4].min() for x in panels), max(x[4].max() for x in panels)
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[
+        f"{lab} (n={len(h)}): PC1 {100 * r[0]:.0f}%, PC2 {100 * r[1]:.0f}%" for lab, _, _, r, h, _ in panels])
+    for i, (lab, x, y, _, h, hover) in enumerate(panels, start=1):
+        fig.add_trace(go.Scatter(
+            x=x, y=y, mode="markers", name=lab, showlegend=False, text=hover, customdata=h,
+            hovertemplate="%{text}<br>entropy %{customdata:.2f} bits<extra></extra>",
+            marker=dict(color=h, cmin=hmin, cmax=hmax, colorscale="Viridis", size=9, line=dict(width=0.5,
+                        color="white"), colorbar=dict(title="entropy (bits)") if i == len(panels) else None)),
+            row=1, col=i)
+        fig.update_xaxes(title_text="PC1 (oriented with entropy)", row=1, col=i)
+        fig.update_yaxes(title_text="PC2" if i == 1 else None, row=1, col=i)
+    return Figure("manifold", "Value manifold", layout(fig, "Last-layer values: PC1 vs PC2, coloured by next-token "
+                                                            "entropy"),
+                  "Look for a low-dimensional shape with a smooth colour gradient along PC1: entropy laid out on one "
+                  "axis.")
+
+
+def _shares(probes) -> Figure | None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..report.figures import COLOURS, layout
+
+    sets = [(p.data.get("label", p.name), p.rows) for p in probes if last_layer(p.rows) is not None]
+    if not sets:
+        return None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["PC1 share (last layer)", "PC1 share per layer"])
+    for series, colour in (("observed", COLOURS["observed"]), ("permuted", COLOURS["permuted"]),
+                           ("gaussian", COLOURS["gaussian"])):
+        xs, ys, lo, hi = [], [], [], []
+        for name, rows in sets:
+            layer = last_layer(rows)
+            r = find(rows, "pc1_share", layer=layer) if series == "observed" else \
+                find(rows, "pc1_share_null_mean", layer=layer, null=series)
+            xs.append(name), ys.append(r.value), lo.append(r.low), hi.append(r.high)
+        label = f"{series}" + (" (interval over fresh sets)" if series == "observed" else " null (95% range)")
+        fig.add_trace(go.Bar(x=xs, y=ys, name=label, marker_color=colour,
+                             error_y=dict(type="data", array=np.subtract(hi, ys), arrayminus=np.subtract(ys, lo))),
+                      row=1, col=1)
+    for name, rows in sets:
+        obs = sorted(select(rows, "pc1_share"), key=lambda r: r.scope["layer"])
+        fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in obs], y=[r.value for r in obs], mode="lines+markers",
+                                 name=f"{name} per layer",
+                                 error_y=dict(type="data", array=[r.high - r.value for r in obs],
+                                              arrayminus=[r.value - r.low for r in obs])), row=1, col=2)
+        fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in obs], y=[r.null_high for r in obs], mode="lines",
+                                 line=dict(dash="dot", color=COLOURS["permuted"]), name=f"{name} permuted null, 97.5%"),
+                      row=1, col=2)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    fig.update_xaxes(title_text="layer", row=1, col=2)
+    return Figure("shares", "PC shares vs nulls", layout(fig, "Variance on PC1 against empirical nulls", barmode="group"),
+                  "Dark bars far above both grey null bars mean real low-dimensional structure; bars at null height "
+                  "mean none. Right: the same share at every collected layer, with the permuted null's upper bound.")
+
+
+def _examples(probes) -> Figure | None:
+    from ..report.figures import shorten
+    from ..report.html import table
+
+    parts = []
+    for p in probes:
+        d = p.data
+        layer = str(last_layer(p.rows))
+        if "texts" not in d or layer not in d.get("layers", {}):
+            continue
+        order = np.argsort(d["entropy"], kind="stable")
+        score = d["layers"][layer]["pc1"]
+        rows = []
+        for q, group in enumerate(np.array_split(order, p.params.get("n_bins", 5)), start=1):
+            rows += [[f"Q{q}", f"{d['entropy'][i]:.2f}", f"{score[i]:+.2f}", shorten(d["texts"][i], 160)]
+                     for i in group[:3]]
+        parts.append(f"<h3>{html.escape(d['label'])} set</h3>"
+                     + table(["quintile", "entropy (bits)", "PC1 score", "prompt"], rows, ["", "num", "num", "prompt"]))
+    if not parts:
+        return None
+    return Figure("manifold-examples", "Example prompts per entropy quintile", "".join(parts),
+                  "Three prompts of each entropy quintile of each set, with their PC1 scores.")
+
+
+def figures(probes) -> list[Figure]:
+    return [f for f in (_scatter(probes), _shares(probes), _examples(probes)) if f is not None]
+
+
+KIND = register(Kind("manifold", ManifoldParams, run, summary, figures, plan, doc=__doc__))

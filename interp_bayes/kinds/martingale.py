@@ -1,0 +1,88 @@
+"""Is the in-context learning Bayesian? (Falck, Wang, Holmes 2024.) On exchangeable data a Bayesian predictor's
+prediction does not depend on the order of the examples, and its predictive is a martingale. Per k: the spread of
+the model's predictive across orders of the same examples, and the martingale gap (the model's own next example
+drawn from its predictive), each beside the exact predictor's Monte-Carlo value as the null. On SULA or on a
+bijection wind tunnel (docs/rivals.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..results import Row, find, select
+from . import register
+from .base import Figure, Kind, Line, Params, Result
+from .common import sula_task
+
+
+@dataclass(frozen=True)
+class MartingaleParams(Params):
+    task: str = "sula"  # "sula", or a bijection wind-tunnel checkpoint (packaged name or folder)
+    per_k: int = 20  # contexts per k
+    ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: among 0, 1, 2, 4, 8)
+    n_perms: int = 6  # orders of each context
+    n_draws: int = 4  # draws of the model's own next example
+    n_null: int = 100  # Monte-Carlo draws of the exact predictor's gap
+    n_boot: int = 1000
+    seed: int = 42
+
+
+def run(ctx, p: MartingaleParams) -> Result:
+    from ..martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
+
+    if p.task == "sula":
+        task, ids = sula_task(ctx, p.per_k)
+        setup, contexts, model = sula_setup(task, ids["main"]), sula_contexts(task, seed=p.seed, ks=p.ks), ctx.model
+    else:
+        from .windtunnel import load_windtunnel_task
+
+        model, task = load_windtunnel_task(p.task)
+        setup, contexts = bijection_setup(task), bijection_contexts(task, list(p.ks), p.per_k, seed=p.seed)
+    report = martingale_test(model, setup, contexts, n_perms=p.n_perms, n_draws=p.n_draws, n_null=p.n_null,
+                             n_boot=p.n_boot, seed=p.seed, batch_size=ctx.config.batch_size)
+    return Result(report.rows(), dict(task=report.task))
+
+
+def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
+    out = []
+    for metric, label in (("order_sensitivity_js_bits", "order sensitivity (JS across orders, bits)"),
+                          ("martingale_gap_kl_bits", "martingale gap KL(m || m0) (bits)")):
+        rs = sorted(select(rows, metric), key=lambda r: r.scope["k"])
+        if rs:
+            text = "; ".join(f"k={r.scope['k']}: {r.value:.4f} [{r.low:.4f}, {r.high:.4f}] vs exact "
+                             f"[{r.null_low:.4f}, {r.null_high:.4f}]" for r in rs)
+            above = [r for r in rs if r.verdict() == "above null"]
+            out.append(Line(f"{rs[0].scope['task']}: {label}", text,
+                            f"above the exact predictor at {len(above)} of {len(rs)} k" if rs else ""))
+    return out
+
+
+def figures(probes) -> list[Figure]:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..report.figures import COLOURS, layout
+
+    out = []
+    for p in probes:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=["order sensitivity (JS, bits)", "martingale gap (KL, bits)"])
+        for col, metric in enumerate(("order_sensitivity_js_bits", "martingale_gap_kl_bits"), start=1):
+            rs = sorted(select(p.rows, metric), key=lambda r: r.scope["k"])
+            if not rs:
+                continue
+            k = [r.scope["k"] for r in rs]
+            fig.add_trace(go.Scatter(x=k + k[::-1], y=[r.null_high for r in rs] + [r.null_low for r in rs[::-1]],
+                                     fill="toself", fillcolor="rgba(150,150,150,0.25)", line=dict(width=0),
+                                     name="exact predictor (Monte-Carlo 95%)", showlegend=col == 1), row=1, col=col)
+            fig.add_trace(go.Scatter(x=k, y=[r.value for r in rs], mode="lines+markers", name="model",
+                                     showlegend=col == 1, line=dict(color=COLOURS["observed"]),
+                                     error_y=dict(type="data", array=[r.high - r.value for r in rs],
+                                                  arrayminus=[r.value - r.low for r in rs])), row=1, col=col)
+        fig.update_xaxes(title_text="k (examples in context)")
+        out.append(Figure(f"martingale-{p.name}", "Martingale test", layout(
+            fig, f"Is the in-context learning Bayesian? ({p.data.get('task')})"),
+            "A Bayesian predictor sits in the grey band (0 up to Monte-Carlo error): a model above it depends on the "
+            "order of exchangeable examples or drifts when fed its own predictions."))
+    return out
+
+
+KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, doc=__doc__))

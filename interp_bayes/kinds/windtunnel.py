@@ -1,0 +1,229 @@
+"""The same analyses on a wind-tunnel transformer, where the posterior is exact: calibration against Bayes per query
+position, the value manifold against the exact entropy, cross-fitted entropy axes (against the model's and the exact
+entropy), keys, attention focusing and the intervention protocol (axes fitted on half of the prompts of every query
+position, edits evaluated on the other half)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..results import Row, find, select
+from . import register
+from .base import Figure, Kind, Line, Params, Result
+from .common import deconfounded, deconfounded_text, manifold_rows, pct
+from .icl import calibration_rows
+from .interventions import effects_figure, per_k_figure, protocol, split_by_group, summary_lines
+
+WINDTUNNELS_DIR = Path(__file__).resolve().parent.parent / "windtunnel" / "checkpoints"
+
+
+@dataclass(frozen=True)
+class WindtunnelParams(Params):
+    checkpoint: str = "bijection-cpu"  # a packaged checkpoint's name or a trained folder
+    n_sequences: int = 40  # sequences; every query position of each is a prompt
+    seed: int = 2024  # the sequence draws
+    folds: int = 5
+    n_boot: int = 1000
+    n_null: int = 200
+    method: str = "pc1"
+    fit: str = "cross"
+    layer_sets: tuple = ((-1,),)
+    ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
+    controls: dict = field(default_factory=lambda: {"isotropic": 20, "matched": 20, "pcs": 3})
+    covariates: tuple[str, ...] = ("position",)  # the query position: the bijection's exact entropy is a function of it
+    axis_control: tuple[str, ...] = ()  # covariates of a conditional axis for the interventions; () = plain axis
+    n_perm: int = 1000
+
+
+def checkpoint_folder(name: str) -> Path:
+    return WINDTUNNELS_DIR / name if (WINDTUNNELS_DIR / name).is_dir() else Path(name)
+
+
+def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int]], dict]:
+    """One prompt per (sequence, query position): the prefix ending at the query, so the final token is the one
+    whose next-token belief the exact posterior describes. Returns token ids and task columns (k = query number,
+    latent = the realised hypothesis, bayes_entropy in bits, sequence = the sequence's index)."""
+    from ..tasks.base import entropy_bits as posterior_entropy
+
+    batch = task.sample(n_sequences, seed=seed)
+    h = posterior_entropy(batch.posterior.double())  # [n, Q]
+    prompts, cols = [], dict(k=[], latent=[], bayes_entropy=[], sequence=[])
+    for i in range(n_sequences):
+        for q, pos in enumerate(batch.query_pos.tolist()):
+            prompts.append(batch.input_ids[i, : pos + 1].tolist())
+            cols["k"].append(q + 1)
+            cols["latent"].append(int(batch.labels[i, q]))
+            cols["bayes_entropy"].append(float(h[i, q]))
+            cols["sequence"].append(i)
+    return prompts, cols
+
+
+def _task_of(folder: Path):
+    from ..store import read_json
+    from ..windtunnel.configs import TrainConfig, make_task
+
+    return make_task(TrainConfig.from_dict(read_json(folder / "windtunnel.json")["config"]))
+
+
+def load_windtunnel_task(name: str):
+    """(the bridge, the task) of a packaged wind-tunnel checkpoint's name or a trained folder."""
+    from ..models import load_model
+
+    folder = checkpoint_folder(name)
+    return load_model(folder), _task_of(folder)
+
+
+def _load(p: WindtunnelParams):
+    from ..models import load_model, model_identity
+
+    folder = checkpoint_folder(p.checkpoint)
+    return folder, _task_of(folder), (lambda: load_model(folder)), model_identity(folder)
+
+
+def run(ctx, p: WindtunnelParams) -> Result:
+    from ..axis import fit_entropy_axis
+    from ..calibration import compare_to_bayes
+    from ..confounds import nuisance_columns
+    from ..geometry import attention_focusing, key_orthogonality, key_orthogonality_null, manifold_report
+
+    folder, task, load, identity = _load(p)
+    model = load()
+    prompts, cols = windtunnel_prompts(task, p.n_sequences, p.seed)
+    n = model.cfg.n_layers
+    acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=identity,
+                           layers=list(range(n)), readings=("v", "attn_entropy"), label_tokens=task.hypothesis_ids)
+    bayes, k = np.array(cols["bayes_entropy"]), np.array(cols["k"])
+    columns = nuisance_columns([len(t) for t in prompts], position=k)
+    rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, groups=cols["k"]), dict(condition="windtunnel"))
+    last = n - 1
+    rep = manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, n_boot=p.n_boot, n_null=p.n_null,
+                          seed=ctx.config.seed)
+    rows += manifold_rows(rep, dict(condition="windtunnel", layer=last))
+    rows += deconfounded(rep["pc1_score"], bayes, columns, p.covariates, k, "position", n_perm=p.n_perm,
+                         seed=ctx.config.seed, metric="corr_pc1", scope=dict(layer=last, target="bayes entropy"))
+    control = {c: columns[c] for c in p.covariates}
+    for layer in range(1, n):  # layer 0's final-token value depends on the final token alone
+        for target, y in (("model entropy", None), ("bayes entropy", bayes)):
+            for kind in ("unconditional", "conditional") if target == "bayes entropy" else ("unconditional",):
+                a = fit_entropy_axis(acts, layer, p.method, folds=p.folds, entropy=y, seed=ctx.config.seed,
+                                     control=control if kind == "conditional" else None)
+                scope = dict(layer=layer, method=p.method, target=target, axis=kind)
+                for fit, corr in (("in-sample", a.in_sample), ("held-out", a.held_out)):
+                    rows.append(Row("pearson_projection", corr["pearson"], "r", dict(scope, fit=fit), n=len(acts),
+                                    note=corr.get("reason")))
+                if target == "bayes entropy":
+                    rows += deconfounded(a.held_out["projections"], bayes, columns, p.covariates, k, "position",
+                                         n_perm=p.n_perm, seed=ctx.config.seed, metric="corr_held_out_projection",
+                                         scope=scope)
+    scores = key_orthogonality(model)
+    null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, seed=ctx.config.seed)
+    rows += [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
+                 float(scores[layer].max()), "range over heads", null["range"][0], null["range"][1],
+                 "gaussian W_K", scores.shape[1]) for layer in range(n)]
+    f = attention_focusing(acts.readings["attn_entropy"], n_boot=p.n_boot, seed=ctx.config.seed)
+    rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
+                    n=f["n_prompts"]))
+    fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides
+    sets = [[(int(x) + n) % n for x in s] for s in p.layer_sets]
+    iv = protocol(ctx, p, model, prompts, acts, cols, label_tokens=task.hypothesis_ids, sets=sets, fit_idx=fit_idx,
+                  eval_idx=eval_idx, columns=columns, strata=k, strata_name="position")
+    rows += iv.rows
+    data = dict(iv.data, checkpoint=p.checkpoint, task=task.name, k=k.tolist(), bayes_entropy=bayes.tolist(),
+                model_entropy=acts.entropy.tolist(), pc1=rep["pc1_score"], n_params=sum(x.numel() for x in
+                                                                                       model.parameters()))
+    return Result(rows, data)
+
+
+def plan(ctx, p: WindtunnelParams) -> list:
+    from ..sweep import PlanItem
+
+    folder, task, _, identity = _load(p)
+    prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
+    return [PlanItem("windtunnel", f"wind tunnel {p.checkpoint}: {len(prompts)} prompts and the intervention "
+                     "protocol (a small model: seconds)", None, len(prompts))]
+
+
+def summary(rows: list[Row], p: WindtunnelParams) -> list[Line]:
+    prefix = f"wind tunnel {p.checkpoint}: "
+    mae = find(rows, "entropy_mae", condition="windtunnel", subset="all")
+    layer = max(r.scope["layer"] for r in select(rows, "pc1_share"))
+    share, share12 = find(rows, "pc1_share", layer=layer), find(rows, "pc12_share", layer=layer)
+    perm1 = find(rows, "pc1_share_null_mean", layer=layer, null="permuted")
+    perm12 = find(rows, "pc12_share_null_mean", layer=layer, null="permuted")
+    axis_layer = max(r.scope["layer"] for r in select(rows, "pearson_projection", target="bayes entropy"))
+    at = dict(layer=axis_layer, target="bayes entropy")
+    ins = find(rows, "pearson_projection", fit="in-sample", axis="unconditional", **at)
+    held = find(rows, "pearson_projection", fit="held-out", axis="unconditional", **at)
+    red = find(rows, "focusing_reduction")
+    pc1, pc1_claim = deconfounded_text(rows, "corr_pc1", layer=layer, target="bayes entropy")
+    out = [Line(prefix + "entropy MAE vs Bayes (bits)", f"{mae.value:.4f}"),
+           Line(prefix + "PC1 / PC1+PC2 share", f"{pct(share.value)} / {pct(share12.value)}; null "
+                f"{pct(perm1.value)} / {pct(perm12.value)}", share.verdict()),
+           Line(prefix + "Spearman(PC1, Bayes H)", pc1, pc1_claim),
+           Line(prefix + f"axis (Bayes H) L{axis_layer}: r in-sample / held-out",
+                f"{ins.value:+.2f} / {held.value:+.2f}")]
+    for kind in ("unconditional", "conditional"):
+        text, claim = deconfounded_text(rows, "corr_held_out_projection", axis=kind, **at)
+        if text:
+            out.append(Line(prefix + f"{kind} axis L{axis_layer}: held-out projection vs Bayes H", text, claim))
+    return out + [Line(prefix + "attention focusing", pct(red.value))] + summary_lines(rows, prefix)
+
+
+def _calibration(p) -> Figure:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..report.figures import COLOURS, layout
+
+    per = sorted((r for r in select(p.rows, "model_entropy", condition="windtunnel") if "k" in r.scope),
+                 key=lambda r: r.scope["k"])
+    ks = [r.scope["k"] for r in per]
+    bayes = [find(p.rows, "bayes_entropy", condition="windtunnel", k=k).value for k in ks]
+    mae = [find(p.rows, "entropy_mae", condition="windtunnel", k=k).value for k in ks]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["mean entropy per query position", "entropy MAE per position"])
+    fig.add_trace(go.Scatter(x=ks, y=[r.value for r in per], mode="lines+markers", name="model",
+                             line=dict(color=COLOURS["observed"])), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=bayes, mode="lines", name="exact Bayes", line=dict(color="black", dash="dash")),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=mae, mode="lines+markers", name="|H model - H Bayes|",
+                             line=dict(color=COLOURS["true"])), row=1, col=2)
+    fig.update_xaxes(title_text="query position k")
+    fig.update_yaxes(title_text="bits", rangemode="tozero")
+    return Figure(f"windtunnel-calibration-{p.name}", f"Wind tunnel {p.data.get('checkpoint')}: calibration",
+                  layout(fig, f"Wind tunnel ({p.data.get('task')}): model entropy against the exact posterior"),
+                  "The model's curve should lie on the dashed exact curve; the right panel shows the error per position.")
+
+
+def _geometry(p) -> Figure | None:
+    import plotly.graph_objects as go
+
+    from ..report.figures import layout
+
+    d = p.data
+    if "pc1" not in d:
+        return None
+    fig = go.Figure(go.Scatter(x=d["bayes_entropy"], y=d["pc1"], mode="markers",
+                               marker=dict(color=d["k"], colorscale="Viridis", size=7,
+                                           colorbar=dict(title="position k")),
+                               hovertemplate="Bayes H %{x:.2f} bits, PC1 %{y:.2f}<extra></extra>"))
+    fig.update_xaxes(title_text="exact Bayes entropy (bits)")
+    fig.update_yaxes(title_text="last-layer PC1 score")
+    return Figure(f"windtunnel-geometry-{p.name}", f"Wind tunnel {d.get('checkpoint')}: value geometry", layout(
+        fig, "Last-layer PC1 against the exact entropy, coloured by query position"),
+        "In the bijection task the exact entropy is a function of position alone: a smooth colour gradient along "
+        "the x axis cannot tell an entropy axis from a position axis.")
+
+
+def figures(probes) -> list[Figure]:
+    out = []
+    for p in probes:
+        prefix = f"Wind tunnel {p.data.get('checkpoint')}: "
+        out += [f for f in (_calibration(p), _geometry(p), effects_figure(p, prefix), per_k_figure(p, prefix))
+                if f is not None]
+    return out
+
+
+KIND = register(Kind("windtunnel", WindtunnelParams, run, summary, figures, plan, doc=__doc__))

@@ -1,0 +1,331 @@
+"""Is the in-context learning Bayesian? Order sensitivity and the martingale gap (Falck, Wang and Holmes, ICML 2024,
+arXiv 2406.00793).
+
+On exchangeable data a Bayesian predictor (i) does not depend on the order of the examples and (ii) is a
+martingale: if the next example is drawn from its own predictive distribution and appended, the expected new
+prediction equals today's. Both are measured on the model and, with the same draws and the same estimator, on the
+task's exact Bayesian predictor (the null: 0 up to Monte-Carlo error).
+
+A context is k examples ``(input, outcome)`` and a query input; a predictor maps contexts to distributions over the
+outcomes. Per context:
+
+- order sensitivity: the predictions for up to ``n_perms`` distinct orders of the same examples; their spread is the
+  generalised Jensen-Shannon divergence H(mean) - mean H, in bits (0 iff every order predicts the same), and the
+  standard deviation of the probability of the mean's top outcome;
+- martingale gap: the next example is (x', o) with x' from the task's input distribution and o from the predictor's
+  own predictive at x' (sampled with a shared uniform, or enumerated with its probabilities as weights), followed by
+  a fresh query; m is the average prediction at the fresh queries over ``n_draws`` draws and m0 the average
+  prediction at the same fresh queries without the new example. The gap is KL(m || m0) in bits (finite: m never
+  puts mass where an exact predictor has none): for any predictor whose predictions are the conditionals of one
+  joint distribution it is 0 (total probability), however much it cares about the query. Beside it the total
+  variation, the drift of the top outcome m[top] - m0[top] (> 0: the predictor grows more confident in its own guess
+  than its predictive justifies), the gap against today's prediction KL(m || p) and its floor KL(m0 || p), what
+  changing the query alone does.
+
+SULA (``tasks/icl.py``): the examples are (carrier word, label) pairs and the query is a word. What the model
+outputs at the query is its predictive for the *next label*, and under the task's model that label equals the
+latent y with probability alpha, so the Bayesian next-label predictive is
+
+    p(l_{k+1} = L1 | D_k) = alpha pi_k + (1 - alpha)(1 - pi_k),   pi_k = P(y = L1 | D_k) (``posterior_label1``),
+
+which is the martingale: drawing l_{k+1} from it and updating gives E[p(l_{k+2} | D_{k+1})] = p(l_{k+1} | D_k). The
+latent posterior pi_k is a martingale too, but only under draws from this predictive, not under draws from pi_k
+itself; the exact null therefore uses the next-label predictive (its entropy is larger than the Bayes entropy
+H(pi_k) the calibration metrics compare with: 0.68 vs 0.47 bits at k = 1). The label outcome is enumerated (two
+outcomes, so no label sampling noise); the fresh query word is drawn at random, the only Monte-Carlo part.
+
+Bijection wind tunnel (``tasks/bijection.py``): the examples are revealed (key, value) pairs and the query a key
+not yet revealed; the next example is an unrevealed key other than the query, with a value sampled from the
+predictor's own predictive at that key; the query stays. The exact predictive (uniform over unrevealed values) is
+a martingale. With 20 outcomes the value is sampled, so the exact null has Monte-Carlo error, reported as the 95%
+range of the same statistic over ``n_null`` independent sets of draws.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from .geometry import CI_LEVEL
+from .results import Row
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Context:
+    """k examples ``(input, outcome index)`` and the query input whose outcome is predicted."""
+
+    examples: tuple[tuple[Hashable, int], ...]
+    query: Hashable
+
+    @property
+    def k(self) -> int:
+        return len(self.examples)
+
+
+Predictor = Callable[[Sequence[Context]], np.ndarray]  # contexts -> [n, n_outcomes] probabilities
+
+
+@dataclass(frozen=True)
+class ExchangeableTask:
+    """What the tests need to know about a task: how to write a context for the model, which tokens are its outcomes,
+    its exact predictive, and how the next example's input and the next query are drawn."""
+
+    name: str
+    render: Callable[[Context], Any]  # -> prompt text or token ids
+    outcome_tokens: list[int]
+    exact: Predictor
+    next_inputs: Callable[[Context, np.random.Generator], tuple[Hashable, Hashable]]  # -> (x', next query)
+    enumerate_outcomes: bool  # weight every outcome by its probability instead of sampling one
+
+
+def sula_setup(task, label_tokens: Sequence[int]) -> ExchangeableTask:
+    """The SULA task (``SULATask``, main condition) with the model's label token ids (``task.label_token_ids``)."""
+    from .tasks.icl import CARRIERS, posterior_label1
+
+    def render(ctx: Context) -> str:
+        return task.render([w for w, _ in ctx.examples], [o for _, o in ctx.examples], ctx.query)
+
+    def exact(contexts: Sequence[Context]) -> np.ndarray:
+        n1 = np.array([sum(o == 0 for _, o in c.examples) for c in contexts])
+        k = np.array([c.k for c in contexts])
+        pi = posterior_label1(n1, k - n1, task.alpha)
+        p1 = task.alpha * pi + (1 - task.alpha) * (1 - pi)  # the next label's predictive, not pi itself
+        return np.column_stack([p1, 1 - p1])
+
+    def next_inputs(ctx: Context, rng: np.random.Generator) -> tuple[str, str]:
+        used = {w for w, _ in ctx.examples} | {ctx.query}
+        free = [w for w in CARRIERS if w not in used]
+        return ctx.query, free[int(rng.integers(len(free)))]
+
+    return ExchangeableTask("sula", render, list(label_tokens), exact, next_inputs, enumerate_outcomes=True)
+
+
+def sula_contexts(task, *, condition: str = "main", seed: int = 42, ks: Sequence[int] | None = None) -> list[Context]:
+    """The prompts of ``task.generate(condition, seed)`` as contexts (optionally only those with k in ``ks``)."""
+    cols = task.generate(condition, seed)
+    return [Context(tuple(zip(words, labels)), query)
+            for words, labels, query, k in zip(cols["carriers"], cols["example_labels"], cols["query"], cols["k"])
+            if ks is None or k in ks]
+
+
+def bijection_setup(task) -> ExchangeableTask:
+    """The bijection wind-tunnel task (``BijectionTask`` without replacement): keys are token ids 0..V-1, the value
+    v is token V + v, and a prompt is ``[k1, V + v1, ..., kj, V + vj, query]`` (as ``kinds.windtunnel.windtunnel_prompts``)."""
+    V = task.n_symbols
+
+    def render(ctx: Context) -> list[int]:
+        return [t for key, value in ctx.examples for t in (key, V + value)] + [ctx.query]
+
+    def exact(contexts: Sequence[Context]) -> np.ndarray:
+        return np.stack([task.predictive(c.examples, c.query) for c in contexts])
+
+    def next_inputs(ctx: Context, rng: np.random.Generator) -> tuple[int, int]:
+        used = {key for key, _ in ctx.examples} | {ctx.query}
+        free = [key for key in range(V) if key not in used]
+        return free[int(rng.integers(len(free)))], ctx.query
+
+    return ExchangeableTask("bijection", render, list(task.hypothesis_ids), exact, next_inputs,
+                            enumerate_outcomes=False)
+
+
+def bijection_contexts(task, ks: Sequence[int], per_k: int, *, seed: int = 0) -> list[Context]:
+    """``per_k`` contexts for each k: the first k revealed pairs of a fresh sequence and its (k+1)-th key as query."""
+    batch = task.sample(per_k * len(ks), seed=seed)
+    keys, values = batch.input_ids[:, 0::2].tolist(), batch.labels.tolist()
+    out = []
+    for i, k in enumerate(np.repeat(ks, per_k).tolist()):
+        out.append(Context(tuple(zip(keys[i][:k], values[i][:k])), keys[i][k]))
+    return out
+
+
+def model_predictor(model, setup: ExchangeableTask, *, batch_size: int | None = None) -> Predictor:
+    """The model's next-token distribution at the end of each rendered context, renormalised over the outcome
+    tokens (``extract.collect`` with ``label_tokens``). Predictions are memoised by prompt: the same prompt in two
+    calls (today's context and its identity order, say) runs once."""
+    from .extract import collect
+
+    cache: dict[Any, np.ndarray] = {}
+
+    def key(ctx: Context):
+        prompt = setup.render(ctx)
+        return prompt if isinstance(prompt, str) else tuple(prompt)
+
+    def predict(contexts: Sequence[Context]) -> np.ndarray:
+        keys = [key(c) for c in contexts]
+        todo = list(dict.fromkeys(k for k in keys if k not in cache))
+        if todo:
+            acts = collect(model, [k if isinstance(k, str) else list(k) for k in todo], readings=(),
+                           label_tokens=setup.outcome_tokens, batch_size=batch_size, progress=False)
+            for k, lp in zip(todo, acts.label_logprobs.double().exp().numpy()):
+                cache[k] = lp
+        return np.stack([cache[k] for k in keys])
+
+    return predict
+
+
+def _entropy_bits(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(p > 0, p * np.log2(p), 0.0).sum(-1)
+
+
+def _orders(k: int, n_perms: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """The identity and up to ``n_perms - 1`` other distinct orders of k items (all of them when there are few)."""
+    if math.factorial(k) <= n_perms:
+        return list(itertools.permutations(range(k)))
+    orders = {tuple(range(k))}
+    while len(orders) < n_perms:
+        orders.add(tuple(rng.permutation(k).tolist()))
+    return [tuple(range(k))] + sorted(orders - {tuple(range(k))})
+
+
+def order_sensitivity(predict: Predictor, contexts: Sequence[Context], *, n_perms: int = 6,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """Per context: the Jensen-Shannon spread (bits) and the standard deviation of the top outcome's probability
+    across distinct orders of its examples, and the number of orders compared (1 for k < 2: no spread)."""
+    rng = np.random.default_rng(seed)
+    orders = [_orders(c.k, n_perms, rng) for c in contexts]
+    flat = [Context(tuple(c.examples[i] for i in order), c.query) for c, os in zip(contexts, orders) for order in os]
+    preds = predict(flat)
+    js, sd, start = np.empty(len(contexts)), np.empty(len(contexts)), 0
+    for i, os in enumerate(orders):
+        p = preds[start:start + len(os)]
+        start += len(os)
+        mean = p.mean(0)
+        js[i] = max(0.0, _entropy_bits(mean) - _entropy_bits(p).mean())  # >= 0; a negative value is rounding
+        sd[i] = p[:, mean.argmax()].std()
+    return dict(js_bits=js, top_sd=sd, n_orders=np.array([len(os) for os in orders]))
+
+
+def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """KL(m || p) per row in bits, >= 0 (a negative value is rounding)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kl = np.where(m > 0, m * (np.log(m) - np.log(p)), 0.0).sum(-1) / LN2
+    return np.maximum(kl, 0.0)
+
+
+def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: ExchangeableTask, *, n_draws: int = 4,
+                   seed: int = 0) -> dict[str, np.ndarray]:
+    """Per context, with m the mean prediction at the fresh queries after one more example drawn from the
+    predictor's own predictive, m0 the mean prediction at the same fresh queries without it, and p today's:
+
+    - ``kl_bits`` = KL(m || m0), the martingale gap (bits): the same queries, with and without the new example, so a
+      model's sensitivity to the query itself cancels (the law of total probability any coherent predictor obeys);
+    - ``tv`` = |m - m0|_1 / 2 and ``drift_top`` = m[top] - m0[top] (top = argmax m0: > 0 when the predictor grows
+      more confident in its own guess than its predictive justifies);
+    - ``kl_today_bits`` = KL(m || p), the gap against today's prediction, and ``kl_floor_bits`` = KL(m0 || p), what
+      changing the query alone does (both equal 0 and ``kl_bits`` where the query stays, as in the bijection).
+
+    The random draws depend only on ``seed`` and the contexts, never on the predictor, so two predictors see the
+    same draws (common random numbers)."""
+    rng = np.random.default_rng(seed)
+    draws = [(i, *setup.next_inputs(c, rng), rng.random()) for i, c in enumerate(contexts) for _ in range(n_draws)]
+    p = predict(contexts)  # [n, n_outcomes]
+    at_x = predict([Context(contexts[i].examples, x) for i, x, _, _ in draws])  # predictive for the new example
+    nexts, weights, owner = [], [], []
+    for (i, x, query, u), q in zip(draws, at_x):
+        outcomes = range(len(q)) if setup.enumerate_outcomes else \
+            [min(int(np.searchsorted(np.cumsum(q), u * q.sum(), side="right")), len(q) - 1)]
+        for o in outcomes:
+            nexts.append(Context(contexts[i].examples + ((x, o),), query))
+            weights.append(q[o] if setup.enumerate_outcomes else 1.0)
+            owner.append(i)
+    m, m0 = np.zeros_like(p), np.zeros_like(p)
+    np.add.at(m, np.array(owner), predict(nexts) * (np.array(weights) / n_draws)[:, None])
+    np.add.at(m0, np.array([i for i, *_ in draws]),
+              predict([Context(contexts[i].examples, query) for i, _, query, _ in draws]) / n_draws)
+    top, rows = m0.argmax(-1), np.arange(len(p))
+    return dict(kl_bits=_kl_bits(m, m0), tv=0.5 * np.abs(m - m0).sum(-1), drift_top=m[rows, top] - m0[rows, top],
+                kl_today_bits=_kl_bits(m, p), kl_floor_bits=_kl_bits(m0, p))
+
+
+def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, list[float]]:
+    boots = np.array([x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)])
+    a = (1 - CI_LEVEL) / 2
+    return float(x.mean()), [float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))]
+
+
+ORDER_STATS = ("js_bits", "top_sd")
+GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_today_bits", "kl_floor_bits")
+FLOAT_FLOOR = 1e-4  # bits: a model computed in float32 differs from itself by about this across batch layouts
+UNITS = dict(js_bits="bits", top_sd="probability", kl_bits="bits", tv="probability", drift_top="probability",
+             kl_today_bits="bits", kl_floor_bits="bits")
+
+
+@dataclass
+class MartingaleReport:
+    """Per k: the model's order sensitivity and martingale gap (mean over contexts, bootstrap 95% interval) beside
+    the exact predictor's under the same draws (its value and, for the gap, its Monte-Carlo 95% range)."""
+
+    task: str
+    per_k: list[dict]
+    params: dict
+    per_context: dict = field(default_factory=dict, repr=False)  # statistic -> [n_contexts] for the model
+
+    def rows(self) -> list[Row]:
+        """Tidy rows per k and statistic: the model's mean with its bootstrap interval, beside the exact predictor's
+        Monte-Carlo range as the null."""
+        out = []
+        for entry in self.per_k:
+            for stat in ORDER_STATS + GAP_STATS:
+                if stat not in entry:
+                    continue
+                model, null = entry[stat], entry[f"null_{stat}"]
+                kind = "order_sensitivity" if stat in ORDER_STATS else "martingale_gap"
+                floor = FLOAT_FLOOR if UNITS[stat] == "bits" else 0.0
+                out.append(Row(f"{kind}_{stat}", model["mean"], UNITS[stat], dict(task=self.task, k=entry["k"]),
+                               model["ci"][0], model["ci"][1], "bootstrap 95%", null["range"][0],
+                               max(null["range"][1], floor), "exact predictor, Monte-Carlo 95%", entry["n"],
+                               note=f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits" if floor >
+                               null["range"][1] else None))
+        return out
+
+
+def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int = 6,
+                    n_draws: int = 4, n_null: int = 100, n_boot: int = 1000, seed: int = 0,
+                    batch_size: int | None = None, predictor: Predictor | None = None) -> MartingaleReport:
+    """Order sensitivity and martingale gap of ``model`` on ``contexts`` beside the exact predictor's, per k.
+
+    ``predictor`` replaces the model (any function of contexts, e.g. a toy predictor in a test); ``model`` may then
+    be None. Order sensitivity is reported for k >= 2 (one example has one order). The exact predictor's order
+    sensitivity is computed, not assumed; its martingale gap is computed with the model's draws (its value) and
+    with ``n_null`` further independent sets of draws (its Monte-Carlo range).
+    """
+    predict = predictor or model_predictor(model, setup, batch_size=batch_size)
+    order = order_sensitivity(predict, contexts, n_perms=n_perms, seed=seed)
+    order_null = order_sensitivity(setup.exact, contexts, n_perms=n_perms, seed=seed)
+    gap = martingale_gap(predict, contexts, setup, n_draws=n_draws, seed=seed)
+    gap_null = martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed)
+    replicates = [martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed + 1 + r)
+                  for r in range(n_null)]
+    ks = np.array([c.k for c in contexts])
+    rng = np.random.default_rng(seed)
+    a = (1 - CI_LEVEL) / 2
+    per_k = []
+    for k in sorted(set(ks.tolist())):
+        sel = ks == k
+        entry: dict = dict(k=int(k), n=int(sel.sum()))
+        if k >= 2:
+            for stat in ORDER_STATS:
+                mean, ci = _mean_ci(order[stat][sel], n_boot, rng)
+                null = float(order_null[stat][sel].mean())
+                entry[stat] = dict(mean=mean, ci=ci)
+                entry[f"null_{stat}"] = dict(value=null, range=[null, null])  # exact: no Monte-Carlo part
+            entry["n_orders"] = float(order["n_orders"][sel].mean())
+        for stat in GAP_STATS:
+            mean, ci = _mean_ci(gap[stat][sel], n_boot, rng)
+            reps = np.array([r[stat][sel].mean() for r in replicates]) if replicates else np.array([np.nan])
+            entry[stat] = dict(mean=mean, ci=ci)
+            entry[f"null_{stat}"] = dict(value=float(gap_null[stat][sel].mean()),
+                                         range=[float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))])
+        per_k.append(entry)
+    params = dict(n_perms=n_perms, n_draws=n_draws, n_null=n_null, n_boot=n_boot, seed=seed,
+                  outcomes="enumerated" if setup.enumerate_outcomes else "sampled", n_contexts=len(contexts))
+    per_context = dict(k=ks.tolist(), **{s: order[s].tolist() for s in ORDER_STATS},
+                       **{s: gap[s].tolist() for s in GAP_STATS})
+    return MartingaleReport(setup.name, per_k, params, per_context)

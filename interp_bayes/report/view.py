@@ -1,0 +1,125 @@
+"""A run folder read back for the report: its config, environment, model facts and each finished probe's rows,
+data and files. Everything the report shows comes from here; nothing is recomputed or regenerated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import yaml
+
+from ..errors import InterpBayesError
+from ..results import Row, read_rows
+from ..store import read_json
+
+
+class ReportError(InterpBayesError, ValueError):
+    """A folder that is not a run folder."""
+
+
+def _read_optional(path: Path) -> dict:
+    return read_json(path) if path.exists() else {}
+
+
+@dataclass
+class ProbeView:
+    """One finished probe of a run folder."""
+
+    name: str
+    kind: str
+    params: dict
+    folder: Path
+    seconds: float | None = None
+    rows: list[Row] = field(default_factory=list)
+    kind_ref: str = ""  # how the recipe named the kind (``module.py:NAME`` imports a plugin)
+
+    @cached_property
+    def data(self) -> dict:
+        """The per-prompt data the probe wrote for its figures (``data.json``)."""
+        return _read_optional(self.folder / "data.json")
+
+    def params_object(self):
+        """The parameters as the kind's dataclass (defaults filled in), or None for a kind that cannot be loaded."""
+        kind = self.kind_object()
+        return kind.params.from_dict(self.params) if kind is not None else None
+
+    def kind_object(self):
+        from ..kinds import get_kind
+
+        try:
+            return get_kind(self.kind_ref or self.kind)
+        except InterpBayesError:
+            return None
+
+
+@dataclass
+class RunView:
+    """A run folder read back."""
+
+    folder: Path
+    config: dict
+    env: dict
+    model: dict
+    order: list[str]
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "RunView":
+        folder = Path(folder)
+        if not (folder / "run.json").exists() and not (folder / "config.yaml").exists():
+            raise ReportError(f"{folder} is not a run folder (no run.json); pass a folder written by "
+                              "`interp-bayes sweep` (reports/<model>/<run key>).")
+        config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
+        order = [p["name"] for p in _read_optional(folder / "run.json").get("probes", [])]
+        return cls(folder, config or {}, _read_optional(folder / "env.json"), _read_optional(folder / "model.json"),
+                   order)
+
+    @property
+    def name(self) -> str:
+        """The model as the user named it (alias, Hub id or folder name)."""
+        name = str(self.config.get("model") or self.model.get("name") or self.folder.parent.name).rstrip("/")
+        return Path(name).name if Path(name).is_absolute() or Path(name).exists() else name
+
+    @cached_property
+    def _probes(self) -> list[ProbeView]:
+        found = {}
+        for stage in sorted((self.folder / "probes").glob("*/stage.json")):
+            s = read_json(stage)
+            rows_path = stage.parent / "rows.json"
+            if rows_path.exists():
+                found[stage.parent.name] = ProbeView(stage.parent.name, s["kind"], s.get("params", {}), stage.parent,
+                                                     s.get("seconds"), read_rows(rows_path), s.get("kind_ref", ""))
+        ordered = [found.pop(n) for n in self.order if n in found]
+        return ordered + [found[n] for n in sorted(found)]
+
+    def probes(self, kind: str | None = None) -> list[ProbeView]:
+        """Finished probes in the order of the latest sweep (then any others), optionally of one kind."""
+        return [p for p in self._probes if kind is None or p.kind == kind]
+
+    def rows(self) -> list[Row]:
+        return [r for p in self._probes for r in p.rows]
+
+    def summary(self) -> list:
+        """Summary lines of every finished probe, each computed by its kind from its rows alone."""
+        from ..kinds import Line
+
+        out = []
+        for p in self._probes:
+            kind = p.kind_object()
+            if kind is None:  # a plugin kind that is not importable here: show its rows as they are
+                out += [Line(f"{p.name}: {r.metric} {r.scope}", f"{r.value:.4g}", r.verdict()) for r in p.rows]
+                continue
+            out += kind.summary(p.rows, p.params_object())
+        return out
+
+    def figures(self) -> list:
+        """Figures of every kind that ran, each kind drawing all its probes (in run order)."""
+        out, seen = [], []
+        for p in self._probes:
+            if p.kind not in seen:
+                seen.append(p.kind)
+        for name in seen:
+            kind = self.probes(name)[0].kind_object()
+            if kind is not None:
+                out += kind.figures(self.probes(name))
+        return out

@@ -1,0 +1,429 @@
+"""The continuous-state (Kalman) wind tunnel: models, training, evaluation against the exact and window filters,
+and hooked readings for the geometry diagnostics.
+
+**Model.** The same plain ``GPT2LMHeadModel`` as the other tunnels, over ``KalmanTask.vocab`` (feature tokens, then
+read-out tokens). Continuous inputs enter as soft tokens: a position's feature weights times the token-embedding
+matrix, ``features @ W_E[:F]`` (a linear embedding that already lives in the checkpoint, so the folder is an
+ordinary HF folder and ``ib.load_model`` boots it). The Gaussian head is the tied LM head at the read-out tokens:
+mean, then the Cholesky factor's lower triangle with log diagonal. No extra tensors, no custom module.
+
+**The bridge route.** A ``TransformerBridge`` takes token ids; ``continuous_inputs(bridge, features)`` is a context
+manager that hooks ``hook_embed`` (the token embedding, before positions are added) to return the soft-token
+embedding and yields placeholder ids of the right shape. Every TransformerLens hook downstream fires as usual
+(``run_with_cache``, ``hooks()``, interventions on ``hook_v``); the Gaussian head is read from the logits
+(``unembed.hook_out``) at the read-out ids. Tests check it against the training-time HF module.
+
+**Metrics** per observation step, against the exact posterior N(m_t, P_t): the 2-Wasserstein distance (state
+units), KL(exact || model) in bits, and the entropy error H(model) - H(exact) in bits (0.5 log2 det ratio). The
+same metrics for the window filters (the exact posterior given only the last w observations) give the baseline:
+the target is the transformer below the best (largest) window at every step past that window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from interp_bayes.errors import ConfigError
+from interp_bayes.geometry import CI_LEVEL, as_float64
+from interp_bayes.tasks.kalman import (
+    LN2,
+    KalmanBatch,
+    KalmanTask,
+    gaussian_entropy_bits,
+    gaussian_kl_bits,
+    gaussian_kl_nats,
+    gaussian_w2,
+    window_filter,
+)
+
+WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
+LOG_DIAG_CLAMP = 12.0  # |log L_ii| cap: a guard against exp overflow early in training, never reached by a fit
+
+
+def input_embedding(model: nn.Module) -> torch.Tensor:
+    """The token-embedding matrix [vocab, d_model] of a bridge (``W_E``), an HF model, or the MLP baseline."""
+    if hasattr(model, "W_E"):
+        return model.W_E
+    if hasattr(model, "get_input_embeddings"):
+        return model.get_input_embeddings().weight
+    return model.wte.weight
+
+
+def soft_token_embeddings(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """features [batch, pos, F] -> embeddings [batch, pos, d_model]: the weighted sum of the F feature tokens."""
+    w_e = input_embedding(model)
+    return features.to(device=w_e.device, dtype=w_e.dtype) @ w_e[: features.shape[-1]]
+
+
+def is_bridge(model: nn.Module) -> bool:
+    return hasattr(model, "hook_dict") and hasattr(model, "run_with_cache")
+
+
+@contextmanager
+def continuous_inputs(bridge: nn.Module, features: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Run a TransformerBridge on continuous inputs: inside the block ``hook_embed`` returns the soft-token
+    embedding of ``features`` [batch, pos, F]; the yielded placeholder ids [batch, pos] (the special token) only
+    give the shape. Use them as ``bridge(ids)`` or ``bridge.run_with_cache(ids)``."""
+    emb = soft_token_embeddings(bridge, features)
+    ids = torch.full(features.shape[:2], bridge.cfg.d_vocab - 1, dtype=torch.long, device=emb.device)
+
+    def replace(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        if act.shape != emb.shape:
+            raise ValueError(f"hook_embed has shape {tuple(act.shape)} but the features give {tuple(emb.shape)}; "
+                             "run the bridge on the ids this context yields.")
+        return emb.to(act.dtype)
+
+    with bridge.hooks(fwd_hooks=[("hook_embed", replace)]):
+        yield ids
+
+
+def head_outputs(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, pos, vocab] of a bridge, an HF causal LM or the MLP baseline on continuous inputs."""
+    if is_bridge(model):
+        with continuous_inputs(model, features) as ids:
+            return model(ids)
+    out = model(inputs_embeds=soft_token_embeddings(model, features))
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def gaussian_head(raw: torch.Tensor, state_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read-out values [..., d + d(d+1)/2] -> mean [..., d] and lower Cholesky factor [..., d, d] (diagonal = exp
+    of its entry)."""
+    d = state_dim
+    rows, cols = torch.tril_indices(d, d, device=raw.device)
+    chol = raw.new_zeros(*raw.shape[:-1], d, d)
+    chol[..., rows, cols] = raw[..., d:]
+    diag = torch.diagonal(chol, dim1=-2, dim2=-1)
+    chol = chol - torch.diag_embed(diag) + torch.diag_embed(diag.clamp(-LOG_DIAG_CLAMP, LOG_DIAG_CLAMP).exp())
+    return raw[..., :d], chol
+
+
+def predict_gaussian(model: nn.Module, task: KalmanTask, batch: KalmanBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's Gaussian belief at every observation: mean [n, K, d], Cholesky factor [n, K, d, d] (model dtype,
+    model device)."""
+    rows = input_embedding(model).shape[0]
+    if rows != len(task.vocab) + 1:
+        raise ConfigError(f"The model has {rows} token rows but KalmanTask(state_dim={task.state_dim}, obs_dim="
+                          f"{task.obs_dim}) needs {len(task.vocab) + 1}; pass the task it was trained on (the "
+                          "task_kwargs in its windtunnel.json).")
+    logits = head_outputs(model, batch.features)
+    raw = logits[:, batch.query_pos.to(logits.device)][..., task.readout_ids]
+    return gaussian_head(raw, task.state_dim)
+
+
+def kalman_loss(mean: torch.Tensor, chol: torch.Tensor, batch: KalmanBatch, kind: str) -> torch.Tensor:
+    """Gaussian NLL in nats, mean over sequences and steps. ``soft``: its expectation under the exact posterior,
+    KL(exact || model) + H(exact) (the same minimiser as ``hard`` with far less gradient noise); ``hard``: the NLL
+    of the realised state."""
+    dtype, device = mean.dtype, mean.device
+    d = mean.shape[-1]
+    if kind == "soft":
+        exact_chol = torch.linalg.cholesky(batch.cov).to(device, dtype)
+        entropy = gaussian_entropy_bits(batch.cov).to(device, dtype) * LN2
+        return (gaussian_kl_nats(batch.mean.to(device, dtype), exact_chol, mean, chol) + entropy).mean()
+    if kind == "hard":
+        z = torch.linalg.solve_triangular(chol, (batch.states.to(device, dtype) - mean)[..., None], upper=False)
+        logdet = 2 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+        return 0.5 * (d * np.log(2 * np.pi) + logdet + z.pow(2).sum((-1, -2))).mean()
+    raise ConfigError(f"Unknown loss {kind!r} for the kalman task; use 'soft' or 'hard'.")
+
+
+def step_metrics(exact_mean: torch.Tensor, exact_cov: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor
+                 ) -> dict[str, torch.Tensor]:
+    """Per sequence and step [n, K], float64: W2, KL(exact || other) in bits, entropy error H(other) - H(exact)."""
+    mean, cov = mean.double().cpu(), cov.double().cpu()
+    return dict(w2=gaussian_w2(exact_mean, exact_cov, mean, cov),
+                kl_bits=gaussian_kl_bits(exact_mean, exact_cov, mean, cov),
+                entropy_error_bits=gaussian_entropy_bits(cov) - gaussian_entropy_bits(exact_cov))
+
+
+def summarise(m: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Averages and per-step curves of ``step_metrics`` (entropy MAE in both definitions, as evaluate.py)."""
+    err = m["entropy_error_bits"]
+    return {
+        "w2": m["w2"].mean().item(),
+        "kl_bits": m["kl_bits"].mean().item(),
+        "per_sample_entropy_mae_bits": err.abs().mean().item(),
+        "mean_curve_entropy_mae_bits": err.mean(0).abs().mean().item(),
+        "per_position": {"w2": m["w2"].mean(0).tolist(), "kl_bits": m["kl_bits"].mean(0).tolist(),
+                         "entropy_error_bits": err.mean(0).tolist(),
+                         "per_sample_entropy_mae_bits": err.abs().mean(0).tolist()},
+    }
+
+
+def paired_difference(a: torch.Tensor, b: torch.Tensor, *, n_boot: int = 1000, seed: int = 0) -> dict[str, list]:
+    """Per step, mean of a - b over sequences ([n, K] each) with a percentile bootstrap interval over sequences."""
+    diff = as_float64(a - b)  # [n, K]
+    rng = np.random.default_rng(seed)
+    boots = np.stack([diff[rng.integers(0, len(diff), len(diff))].mean(0) for _ in range(n_boot)])  # [B, K]
+    lo, hi = np.quantile(boots, [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2], axis=0)
+    return dict(mean=diff.mean(0).tolist(), low=lo.tolist(), high=hi.tolist())
+
+
+def target_verdict(model: dict[str, torch.Tensor], windows: dict[int, dict[str, torch.Tensor]], *,
+                   n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Is the model below the best (largest) window filter in W2 and KL at every step past that window?
+
+    ``met`` judges the per-step means; ``met_with_interval`` asks that every paired 95% interval of
+    model - window lie below 0. Steps are 1-based observation indices."""
+    w = max(windows)
+    past = slice(w, None)  # steps w+1 .. K
+    out: dict[str, Any] = dict(best_window=w, steps=list(range(w + 1, model["w2"].shape[1] + 1)))
+    for key in ("w2", "kl_bits"):
+        diff = paired_difference(model[key][:, past], windows[w][key][:, past], n_boot=n_boot, seed=seed)
+        out[key] = dict(difference=diff, met=bool(np.all(np.array(diff["mean"]) < 0)),
+                        met_with_interval=bool(np.all(np.array(diff["high"]) < 0)),
+                        worst_step=int(w + 1 + np.argmax(diff["mean"])), worst_difference=float(max(diff["mean"])))
+    out["met"] = out["w2"]["met"] and out["kl_bits"]["met"]
+    return out
+
+
+@torch.no_grad()
+def evaluate_kalman(
+    model: nn.Module | str | Path,
+    task: KalmanTask | None = None,
+    n: int = 2000,
+    *,
+    lengths: list[int] | None = None,
+    seed: int = 2024,
+    batch_size: int = 500,
+    windows: tuple[int, ...] = WINDOWS,
+) -> dict[int, dict[str, Any]]:
+    """Score ``model`` (a folder, bridge, HF model or MLP) on ``n`` held-out sequences per length against the exact
+    posterior, beside the window filters of sizes ``windows`` on the same sequences.
+
+    Returns {length: {n, length, w2, kl_bits, per_sample_entropy_mae_bits, mean_curve_entropy_mae_bits,
+    per_position, windows: {w: same metrics}, target: ``target_verdict``}} (windows shorter than the sequence
+    only); lengths default to the training length."""
+    from interp_bayes.windtunnel.evaluate import load_windtunnel
+
+    if isinstance(model, (str, Path)):
+        model, cfg = load_windtunnel(model)
+        task = task or KalmanTask(**cfg.task_kwargs)
+    if task is None:
+        raise ConfigError("evaluate_kalman needs a KalmanTask when given a model rather than a trained folder.")
+    model.eval()
+    results = {}
+    for length in lengths or [task.n_steps]:
+        shorter = [w for w in windows if w < length]  # a window of the whole sequence is the exact filter
+        parts: dict[str, list] = {"model": [], **{w: [] for w in shorter}}
+        for i, start in enumerate(range(0, n, batch_size)):
+            batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
+            mean, chol = predict_gaussian(model, task, batch)
+            parts["model"].append(step_metrics(batch.mean, batch.cov, mean, chol @ chol.mT))
+            for w in shorter:
+                parts[w].append(step_metrics(batch.mean, batch.cov, *window_filter(batch.system, batch.obs, w)))
+        cat = {k: {m: torch.cat([p[m] for p in v]) for m in v[0]} for k, v in parts.items()}
+        res = {"length": length, "n": n, **summarise(cat["model"]),
+               "windows": {str(w): summarise(cat[w]) for w in shorter}}
+        if shorter:
+            res["target"] = target_verdict(cat["model"], {w: cat[w] for w in shorter}, seed=seed)
+        results[length] = res
+    return results
+
+
+def train_kalman(
+    *,
+    preset: str = "cpu",
+    out: str | Path,
+    seed: int = 0,
+    device: str | None = None,
+    quiet: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Train a Kalman wind-tunnel model (``arch="mlp"`` for the capacity-matched baseline); the folder layout,
+    schedule and logs are those of ``train_windtunnel``, which dispatches here for ``task="kalman"``."""
+    from interp_bayes.windtunnel.configs import build_model, make_config, make_task, n_params
+    from interp_bayes.windtunnel.train import length_at, make_optimizer, save_folder
+
+    cfg = make_config("kalman", preset, seed=seed, **overrides)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    data_rng = np.random.default_rng([cfg.seed, 1])
+    task = make_task(cfg)
+    model = build_model(cfg, task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.train()
+    if not quiet:
+        print(f"kalman/{preset} {cfg.arch}: {n_params(model):,} parameters")
+    opt, sched = make_optimizer(model, cfg)
+    eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
+    ckpts = set(cfg.checkpoint_steps())
+    start = time.perf_counter()
+    log = (out / "metrics.jsonl").open("w")
+    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"kalman/{cfg.arch}")
+    for step in bar:
+        if step in ckpts:
+            save_folder(model, cfg, task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
+        batch = task.sample(cfg.batch_size, seed=data_rng, length=length_at(step, cfg))
+        loss = kalman_loss(*predict_gaussian(model, task, batch), batch, cfg.loss)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"kalman training loss is {loss.item()} at step {step}; lower lr or raise warmup.")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
+        opt.step()
+        sched.step()
+        last = step == cfg.steps - 1
+        if step % cfg.log_every == 0 or last:
+            rec = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
+                   "length": batch.obs.shape[1], "elapsed_s": round(time.perf_counter() - start, 2)}
+            if step % cfg.eval_every == 0 or last:
+                with torch.no_grad():
+                    model.eval()
+                    mean, chol = predict_gaussian(model, task, eval_batch)
+                    ev = summarise(step_metrics(eval_batch.mean, eval_batch.cov, mean, chol @ chol.mT))
+                    model.train()
+                rec |= {k: v for k, v in ev.items() if k != "per_position"}
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", kl=f"{rec['kl_bits']:.4f}")
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+    log.close()
+    wall = time.perf_counter() - start
+    model.eval()
+    final = evaluate_kalman(model, task)
+    save_folder(model, cfg, task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "preset": preset,
+                                        "eval": final, "torch_threads": torch.get_num_threads()})
+    if not quiet:
+        summary = {k: v for k, v in final[task.n_steps].items() if k not in ("per_position", "windows", "target")}
+        print(f"done in {wall:.0f} s; eval: {json.dumps(summary)}; target met: {final[task.n_steps]['target']['met']}")
+    return out
+
+
+@torch.no_grad()
+def kalman_readings(
+    bridge: nn.Module,
+    task: KalmanTask,
+    n_sequences: int = 40,
+    *,
+    seed: int = 2024,
+    layers: list[int] | None = None,
+    readings: tuple[str, ...] = ("v", "resid", "attn_entropy"),
+    batch_size: int = 100,
+):
+    """Hooked readings of a Kalman wind-tunnel bridge at every observation step, with the exact posterior.
+
+    One row per (sequence, step), sequence-major, as the other tunnels' one prompt per query position: reading
+    ``name`` at ``layer`` is the hook of ``extract.HOOKS`` at that step's position (values per KV head
+    concatenated, residual stream after the block, attention entropy in bits per head). Returns ``(acts,
+    columns)``: an ``extract.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
+    ``manifold_report``, ``fit_entropy_axis`` and ``attention_focusing`` take it as they are), and float64 columns
+    ``sequence``, ``k`` (step, 1-based), ``bayes_entropy`` (bits), ``bayes_logdet`` (ln det P_t), ``bayes_mean``
+    [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``belief_probe`` and calibration.
+    """
+    from interp_bayes.extract import HOOKS, Activations, _normalise_layers
+    from interp_bayes.models import model_info
+
+    unknown = set(readings) - set(HOOKS)
+    if unknown:
+        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(HOOKS)}.")
+    n_layers = bridge.cfg.n_layers
+    layer_idx = _normalise_layers(range(n_layers) if layers is None else layers, n_layers)
+    names = {(r, layer): HOOKS[r][0].format(layer=layer) for r in readings for layer in layer_idx}
+    batch = task.sample(n_sequences, seed=seed)
+    qpos, K = batch.query_pos, len(batch.query_pos)
+    parts: dict[tuple[str, int], list[torch.Tensor]] = {key: [] for key in names}
+    model_mean, model_cov = [], []
+    for start in range(0, n_sequences, batch_size):
+        feats = batch.features[start:start + batch_size]
+        with continuous_inputs(bridge, feats) as ids:
+            logits, cache = bridge.run_with_cache(ids, names_filter=list(names.values()))
+        for (r, layer), name in names.items():
+            act = cache[name].float().cpu()
+            if r == "attn_entropy":  # [b, heads, q, k] -> each step's row entropy, bits: [b, K, heads]
+                p = act[:, :, qpos]
+                act = (-torch.special.xlogy(p, p).sum(-1) / LN2).transpose(1, 2)
+            else:  # [b, pos, ...] -> [b, K, dim]
+                act = act[:, qpos].reshape(act.shape[0], K, -1)
+            parts[(r, layer)].append(act.reshape(-1, act.shape[-1]))
+        mean, chol = gaussian_head(logits[:, qpos][..., task.readout_ids].double().cpu(), task.state_dim)
+        model_mean.append(mean)
+        model_cov.append(chol @ chol.mT)
+    model_mean, model_cov = torch.cat(model_mean), torch.cat(model_cov)  # [n, K, d], [n, K, d, d]
+    by_reading: dict[str, dict[int, torch.Tensor]] = {r: {} for r in readings}
+    for (r, layer), chunks in parts.items():
+        by_reading[r][layer] = torch.cat(chunks)
+    digest = hashlib.sha256(batch.features.numpy().tobytes()).hexdigest()[:16]
+    meta = dict(model=model_info(bridge).to_dict(), layers=layer_idx, n_layers=n_layers, readings=list(readings),
+                entropy_over="the Gaussian head (differential entropy)", prompt_digest=digest, task=task.name,
+                inputs="continuous features (no token ids)", seed=seed, n_sequences=n_sequences, steps=K)
+    acts = Activations(readings=by_reading, entropy=gaussian_entropy_bits(model_cov).reshape(-1).float(),
+                       token_ids=[[] for _ in range(n_sequences * K)], meta=meta)
+    d = task.state_dim
+    columns = dict(
+        sequence=np.repeat(np.arange(n_sequences), K), k=np.tile(np.arange(1, K + 1), n_sequences),
+        bayes_entropy=as_float64(gaussian_entropy_bits(batch.cov)).reshape(-1),
+        bayes_logdet=as_float64(torch.linalg.slogdet(batch.cov).logabsdet).reshape(-1),
+        bayes_mean=as_float64(batch.mean).reshape(-1, d), model_mean=as_float64(model_mean).reshape(-1, d),
+        model_logdet=as_float64(torch.linalg.slogdet(model_cov).logabsdet).reshape(-1))
+    return acts, columns
+
+
+def held_out_r2(x: np.ndarray, y: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """R^2 of cross-fitted predictions of each column of y [N, k] from x [N, dim]: standardised x, ridge with a
+    penalty chosen per column by efficient leave-one-out on each training fold (one fit for all columns)."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.model_selection import KFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-3, 4, 15), alpha_per_target=True))
+    pred = cross_val_predict(model, x, y, cv=KFold(n_splits=folds, shuffle=True, random_state=seed))
+    return 1 - ((y - pred) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
+
+
+def _centre_within(a: np.ndarray, strata: np.ndarray) -> np.ndarray:
+    out = a.copy()
+    for s in np.unique(strata):
+        out[strata == s] -= out[strata == s].mean(axis=0)
+    return out
+
+
+def _permutations(rng: np.random.Generator, n: int, n_draws: int, strata: np.ndarray | None) -> np.ndarray:
+    """[n_draws, n] row permutations (within each stratum when strata are given)."""
+    if strata is None:
+        return np.stack([rng.permutation(n) for _ in range(n_draws)]) if n_draws else np.empty((0, n), int)
+    out = np.tile(np.arange(n), (n_draws, 1))
+    for s in np.unique(strata):
+        idx = np.flatnonzero(strata == s)
+        for row in out:
+            row[idx] = rng.permutation(idx)
+    return out
+
+
+def belief_probe(x, targets: dict[str, Any], *, strata=None, folds: int = 5, n_null: int = 200,
+                 seed: int = 0) -> dict[str, dict[str, Any]]:
+    """How much of each belief summary a layer's readings carry linearly: held-out R^2 of a cross-fitted ridge
+    regression of each target (e.g. m_t components, ln det P_t) on ``x`` [N, dim], beside a permutation null.
+
+    With ``strata`` (e.g. the step k) the same is also reported within stratum: x and target centred per stratum,
+    null permuted within stratum, so a target that moves with position is not credited to a position code.
+    Null: 95% percentile interval of the held-out R^2 over ``n_null`` permutations of the target (the permuted
+    targets are fitted together with the real one, as extra columns)."""
+    x = as_float64(x)
+    rng = np.random.default_rng(seed)
+    variants = {"raw": (x, None)}
+    if strata is not None:
+        strata = np.asarray(strata)
+        variants["within"] = (_centre_within(x, strata), strata)
+    out: dict[str, dict[str, Any]] = {}
+    for name, target in targets.items():
+        res: dict[str, Any] = {"n": int(len(x)), "folds": folds, "n_null": n_null}
+        for variant, (xv, groups) in variants.items():
+            y = as_float64(target) if groups is None else _centre_within(as_float64(target), groups)
+            perms = _permutations(rng, len(y), n_null, groups)
+            r2 = held_out_r2(xv, np.column_stack([y, *y[perms]]), folds, seed)
+            null = np.quantile(r2[1:], [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2]) if n_null else [np.nan] * 2
+            res[variant] = dict(r2_held_out=float(r2[0]), null=[float(v) for v in null])
+        out[name] = res
+    return out

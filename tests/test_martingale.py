@@ -1,0 +1,157 @@
+"""Order sensitivity and the martingale gap: closed forms for toy predictors (a Bayesian one has gap 0 and no order
+effect; a permutation-invariant non-Bayesian one has a known positive gap; a recency predictor has a known order
+spread), the exact bijection predictive against the task's own posterior, and real models end to end."""
+
+import math
+
+import numpy as np
+import pytest
+
+from interp_bayes.martingale import (Context, bijection_contexts, bijection_setup, martingale_gap, martingale_test,
+                                     model_predictor, order_sensitivity, sula_contexts, sula_setup)
+from interp_bayes.tasks.bijection import BijectionTask
+from interp_bayes.tasks.icl import SULATask, posterior_label1
+
+TASK = SULATask(per_k=6)
+SETUP = sula_setup(TASK, label_tokens=[0, 1])  # token ids unused by the toy predictors
+
+
+def latent_posterior(contexts):
+    """pi = P(y = L1 | D) used as the next-label predictive: invariant to order, but not a martingale."""
+    n1 = np.array([sum(o == 0 for _, o in c.examples) for c in contexts])
+    k = np.array([c.k for c in contexts])
+    pi = posterior_label1(n1, k - n1)
+    return np.column_stack([pi, 1 - pi])
+
+
+def last_label(contexts):
+    """Predicts from the most recent example only: order-dependent."""
+    p = np.array([0.5 if not c.examples else (0.8 if c.examples[-1][1] == 0 else 0.2) for c in contexts])
+    return np.column_stack([p, 1 - p])
+
+
+def kl_bits(m, p):
+    return sum(mi * math.log2(mi / pi) for mi, pi in zip(m, p))
+
+
+def test_render_reproduces_the_generated_prompts():
+    cols = TASK.generate("main", seed=42)
+    contexts = sula_contexts(TASK, seed=42)
+    assert [SETUP.render(c) for c in contexts] == cols["text"]
+    assert [c.k for c in contexts] == cols["k"]
+
+
+def test_the_exact_bayesian_predictor_has_no_order_effect_and_gap_zero():
+    contexts = sula_contexts(TASK, seed=3)
+    report = martingale_test(None, SETUP, contexts, predictor=SETUP.exact, n_null=5, n_boot=50)
+    for entry in report.per_k:
+        for stat in ("kl_bits", "tv", "drift_top"):
+            assert abs(entry[stat]["mean"]) < 1e-12
+            assert max(abs(x) for x in entry[f"null_{stat}"]["range"]) < 1e-12
+        if entry["k"] >= 2:
+            assert entry["js_bits"]["mean"] < 1e-12 and entry["top_sd"]["mean"] < 1e-12
+    gap = martingale_gap(SETUP.exact, contexts, SETUP, n_draws=3, seed=1)
+    assert np.abs(gap["kl_bits"]).max() < 1e-12 and np.abs(gap["drift_top"]).max() < 1e-12
+    assert gap["kl_floor_bits"].max() < 1e-12
+
+
+def test_a_permutation_invariant_non_bayesian_predictor_has_the_closed_form_gap():
+    ctx = Context(examples=(("happy", 0),), query="sad")  # one L1 label: pi = 0.9
+    assert order_sensitivity(latent_posterior, [ctx])["js_bits"][0] == 0.0
+    gap = martingale_gap(latent_posterior, [ctx], SETUP, n_draws=2, seed=0)
+    # next label enumerated with the predictor's own probabilities: L1 w.p. 0.9 -> pi(2, 0) = 81/82, L2 -> pi(1, 1)
+    m1 = 0.9 * 81 / 82 + 0.1 * 0.5
+    assert gap["kl_bits"][0] == pytest.approx(kl_bits([m1, 1 - m1], [0.9, 0.1]), rel=1e-12)
+    assert gap["drift_top"][0] == pytest.approx(m1 - 0.9, rel=1e-12) and gap["drift_top"][0] > 0.03
+    assert gap["kl_floor_bits"][0] == 0.0 and gap["kl_today_bits"][0] == gap["kl_bits"][0]  # the word is ignored
+    contexts = sula_contexts(TASK, seed=3, ks=(1, 2))
+    report = martingale_test(None, SETUP, contexts, predictor=latent_posterior, n_null=5, n_boot=200)
+    for entry in report.per_k:
+        assert entry["kl_bits"]["ci"][0] > entry["null_kl_bits"]["range"][1]  # separated from the exact null
+        if entry["k"] >= 2:
+            assert entry["js_bits"]["mean"] == 0.0
+
+
+def test_an_order_dependent_predictor_has_the_closed_form_spread():
+    ctx = Context(examples=(("happy", 0), ("sad", 1)), query="calm")
+    out = order_sensitivity(last_label, [ctx], n_perms=6)
+    h = lambda p: -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+    assert out["n_orders"][0] == 2
+    assert out["js_bits"][0] == pytest.approx(h(0.5) - h(0.8), rel=1e-12)  # orders predict 0.8 and 0.2
+    assert out["top_sd"][0] == pytest.approx(0.3, rel=1e-12)
+
+
+def test_the_floor_measures_what_the_query_word_alone_does():
+    def word_sensitive(contexts):  # ignores the examples, follows the query word's first letter
+        p = np.array([0.7 if c.query[0] < "m" else 0.3 for c in contexts])
+        return np.column_stack([p, 1 - p])
+
+    ctx = Context(examples=(("happy", 0),), query="calm")
+    gap = martingale_gap(word_sensitive, [ctx], SETUP, n_draws=200, seed=0)
+    assert gap["kl_floor_bits"][0] > 0.01
+    assert gap["kl_today_bits"][0] == pytest.approx(gap["kl_floor_bits"][0], rel=1e-12)  # all of it is the word
+    assert gap["kl_bits"][0] < 1e-12  # same queries with and without the new example: no martingale gap
+
+
+def test_exact_bijection_predictive_equals_the_task_posterior():
+    task = BijectionTask(n_symbols=7)
+    batch = task.sample(20, seed=5)
+    keys, values = batch.input_ids[:, 0::2].tolist(), batch.labels.tolist()
+    for i in range(20):
+        for q in range(7):
+            pairs = list(zip(keys[i][:q], values[i][:q]))
+            np.testing.assert_allclose(task.predictive(pairs, keys[i][q]), batch.posterior[i, q].double().numpy(),
+                                       atol=1e-7)
+
+
+def test_sampled_exact_null_is_zero_up_to_monte_carlo_error():
+    task = BijectionTask(n_symbols=6)
+    setup = bijection_setup(task)
+    contexts = bijection_contexts(task, ks=(1, 3), per_k=10, seed=2)
+    assert all(len(setup.render(c)) == 2 * c.k + 1 for c in contexts)
+    few, many = (martingale_gap(setup.exact, contexts, setup, n_draws=n, seed=0) for n in (4, 400))
+    assert np.abs(many["drift_top"]).mean() < 0.02 < np.abs(few["drift_top"]).mean()  # -> 0 as draws grow
+    assert many["tv"].mean() < 0.25 * few["tv"].mean()
+    report = martingale_test(None, setup, contexts, predictor=setup.exact, n_draws=4, n_null=40, n_boot=50)
+    for entry in report.per_k:
+        lo, hi = entry["null_drift_top"]["range"]
+        assert lo < 0 < hi and entry["kl_bits"]["mean"] > 0  # the plug-in KL is biased up by sampling noise
+        assert entry["null_kl_bits"]["range"][0] <= entry["kl_bits"]["mean"] <= entry["null_kl_bits"]["range"][1]
+
+
+def test_model_predictor_matches_the_wind_tunnel_evaluation():
+    import torch
+
+    from interp_bayes.models import load_model
+    from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
+    from interp_bayes.windtunnel.evaluate import restricted_log_probs
+
+    model = load_model(WINDTUNNELS_DIR / "bijection-cpu")
+    task = BijectionTask()
+    setup = bijection_setup(task)
+    batch = task.sample(3, seed=11)
+    with torch.no_grad():
+        ref = restricted_log_probs(model, batch, task.hypothesis_ids).exp().double().numpy()  # [3, Q, V]
+    keys, values = batch.input_ids[:, 0::2].tolist(), batch.labels.tolist()
+    contexts = [Context(tuple(zip(keys[i][:q], values[i][:q])), keys[i][q]) for i in range(3) for q in (0, 4, 9)]
+    got = model_predictor(model, setup)(contexts)
+    np.testing.assert_allclose(got, ref[:, [0, 4, 9]].reshape(-1, task.n_symbols), atol=1e-5)
+    report = martingale_test(model, setup, bijection_contexts(task, ks=(2, 8), per_k=4, seed=1), n_perms=3,
+                             n_draws=2, n_null=10, n_boot=50)
+    assert [e["k"] for e in report.per_k] == [2, 8] and all(np.isfinite(r.value) for r in report.rows())
+
+
+def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(tiny_dirs):
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs["gpt2"])
+    task = SULATask.for_tokenizer(model.tokenizer, per_k=3, ks=(1, 2, 4))
+    setup = sula_setup(task, task.label_token_ids(model.tokenizer))
+    report = martingale_test(model, setup, sula_contexts(task), n_perms=3, n_draws=2, n_null=3, n_boot=50)
+    assert [e["k"] for e in report.per_k] == [1, 2, 4]
+    for entry in report.per_k:
+        assert entry["null_kl_bits"]["value"] == pytest.approx(0.0, abs=1e-12)
+        assert entry["kl_bits"]["mean"] >= 0
+    rows = report.rows()
+    assert {r.metric for r in rows} >= {"martingale_gap_kl_bits", "order_sensitivity_js_bits"}
+    assert all(r.null == "exact predictor, Monte-Carlo 95%" and "k" in r.scope for r in rows)

@@ -1,0 +1,231 @@
+"""Entropy neurons: the null space and scores against explicit SVDs and cosines, hooked total / direct / mediated
+effects against closed forms from cached activations (every family, float64: total = direct + mediated to 1e-6), a
+planted null-space neuron ranked first, and a planted token-frequency neuron found."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from interp_bayes.neurons import (ablation_effects, entropy_neurons, final_norm_run, frequency_neurons,
+                                  neuron_scores, unembedding_null_space)
+
+TEXTS = ["the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
+         "The capital of France is Paris.", "a b c d e f g h"]
+
+
+def load64(folder):
+    from interp_bayes.models import load_model
+
+    return load_model(folder, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def tiny64(tiny_dirs):
+    """family -> a float64 bridge, loaded once per module (for the tests that do not edit weights)."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = load64(tiny_dirs[family])
+        return cache[family]
+    return get
+
+
+def explicit_unembedding(model) -> np.ndarray:
+    """U = P diag(g) W_U C written out in full from the HF modules (the reference for the chunked Gram route)."""
+    hf = model.original_model
+    w_u = hf.get_output_embeddings().weight.detach().double().numpy().T  # [d, vocab]
+    norm = model.ln_final.original_component
+    u = norm.weight.detach().double().numpy()[:, None] * (w_u - w_u.mean(1, keepdims=True))
+    return u - u.mean(0, keepdims=True) if isinstance(norm, torch.nn.LayerNorm) else u
+
+
+def reference_null_basis(u: np.ndarray, k: int, centred: bool) -> np.ndarray:
+    left, s, _ = np.linalg.svd(u, full_matrices=False)
+    if centred:  # LayerNorm: the all-ones direction is an exact zero the norm never sees; drop it
+        ones = np.ones(len(u)) / math.sqrt(len(u))
+        drop = int(np.argmax(np.abs(left.T @ ones)))
+        assert s[drop] < 1e-8 * s[0]
+        left = np.delete(left, drop, axis=1)
+    return left[:, -k:]
+
+
+def test_null_space_and_scores_match_explicit_references(tiny64, family):
+    model = tiny64(family)
+    null = unembedding_null_space(model)
+    assert null.k == 10 and null.exact_kernel == 0
+    u = explicit_unembedding(model)
+    ref = reference_null_basis(u, null.k, null.centred)
+    np.testing.assert_allclose(null.basis @ null.basis.T, ref @ ref.T, atol=1e-8)  # the same subspace
+    scores = neuron_scores(model, -1, null)
+    w = model.blocks[-1].mlp.W_out.detach().double().numpy()
+    w = w - w.mean(1, keepdims=True) if null.centred else w
+    np.testing.assert_allclose(scores["norm"], np.linalg.norm(w, axis=1), rtol=1e-12)
+    np.testing.assert_allclose(scores["rho"], np.linalg.norm(w @ ref, axis=1) ** 2 / np.linalg.norm(w, axis=1) ** 2,
+                               atol=1e-8)
+    cos = (w @ u) / np.linalg.norm(w, axis=1, keepdims=True) / np.linalg.norm(u, axis=0, keepdims=True)
+    np.testing.assert_allclose(scores["logit_var"], cos.var(axis=1), rtol=1e-8)
+
+
+def closed_form_logits(model, x: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    """Logits from a final residual x [pos, d], with the norm scale recomputed (None) or the given one [pos]."""
+    norm = model.ln_final.original_component
+    xc = x - x.mean(-1, keepdims=True) if isinstance(norm, torch.nn.LayerNorm) else x
+    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon")
+    s = np.sqrt((xc**2).mean(-1) + eps) if scale is None else scale
+    y = xc / s[:, None] * norm.weight.detach().double().numpy()
+    if getattr(norm, "bias", None) is not None:
+        y = y + norm.bias.detach().double().numpy()
+    return y @ model.W_U.detach().double().numpy() + model.b_U.detach().double().numpy()
+
+
+def entropy_and_loss(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    h = -(np.exp(logp) * logp).sum(-1) / math.log(2)
+    return h, -logp[np.arange(len(ids) - 1), ids[1:]] / math.log(2)
+
+
+def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny64, family):
+    model = tiny64(family)
+    neurons = [3, 50, 101]
+    clean = final_norm_run(model, TEXTS)
+    ablations = ablation_effects(model, TEXTS, neurons, clean=clean, progress=False)
+    assert ablations.path == "head"  # the last layer: only the head reruns, checked against a full pass
+    effects = ablations.per_neuron
+    w_out = model.blocks[-1].mlp.W_out.detach().double().numpy()
+    caches = [model.run_with_cache(torch.tensor([ids]))[1] for ids in clean["token_ids"]]
+    post = np.concatenate([c["blocks.1.mlp.hook_post"][0].double().numpy() for c in caches])
+    np.testing.assert_allclose(clean["means"], post.mean(0), rtol=1e-10)  # mean over every position
+    for i, (ids, cache) in enumerate(zip(clean["token_ids"], caches)):
+        x = cache["ln_final.hook_in"][0].double().numpy()
+        s = cache["ln_final.hook_scale"][0, :, 0].double().numpy()
+        a = cache["blocks.1.mlp.hook_post"][0].double().numpy()
+        h0, l0 = entropy_and_loss(closed_form_logits(model, x, None), ids)
+        np.testing.assert_allclose(clean["entropy"][i], h0, atol=1e-9)
+        for j in neurons:
+            xj = x + (clean["means"][j] - a[:, j])[:, None] * w_out[j]
+            h_tot, l_tot = entropy_and_loss(closed_form_logits(model, xj, None), ids)
+            h_dir, l_dir = entropy_and_loss(closed_form_logits(model, xj, s), ids)
+            e = effects[j]
+            assert e["total_entropy"][i] == pytest.approx((h_tot - h0).sum(), abs=1e-9)
+            assert e["direct_entropy"][i] == pytest.approx((h_dir - h0).sum(), abs=1e-9)
+            assert e["total_loss"][i] == pytest.approx((l_tot - l0).sum(), abs=1e-9)
+            assert e["direct_loss"][i] == pytest.approx((l_dir - l0).sum(), abs=1e-9)
+            # the mediated effect, computed on its own: the ablated residual with the scale it really gets vs the
+            # clean scale; total = direct + mediated
+            mediated = (h_tot - h_dir).sum()
+            assert abs(e["total_entropy"][i] - (e["direct_entropy"][i] + mediated)) < 1e-6
+            assert abs(e["total_final"][i] - e["direct_final"][i] - (h_tot - h_dir)[-1]) < 1e-6
+
+
+def test_an_ablation_that_changes_nothing_has_exactly_zero_effect(tiny_dirs):
+    model = load64(tiny_dirs["llama3"])  # RMSNorm: the native path, where a frozen scale forces a recomputation
+    with torch.no_grad():  # a dead neuron: its input weights zero, so its activation is its mean everywhere
+        mlp = model.blocks[-1].mlp
+        for name in ("gate", "in"):
+            getattr(mlp, name).original_component.weight[7] = 0.0
+    effects = ablation_effects(model, TEXTS, [7], progress=False).per_neuron
+    for key, v in effects[7].items():
+        assert np.all(v == 0.0), key
+
+
+def set_w_out(model, layer: int, neuron: int, vec: torch.Tensor) -> None:
+    """Write ``vec`` as the output weight of one neuron, in the module's own layout (Linear or GPT-2 Conv1D)."""
+    out = model.blocks[layer].mlp.out.original_component
+    with torch.no_grad():
+        if isinstance(out, torch.nn.Linear):
+            out.weight[:, neuron] = vec
+        else:
+            out.weight[neuron] = vec
+    torch.testing.assert_close(model.blocks[layer].mlp.W_out[neuron], vec.to(model.blocks[layer].mlp.W_out.dtype))
+
+
+def test_planted_null_space_neuron_is_ranked_first(tiny_dirs, family):
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs[family])
+    u = explicit_unembedding(model)
+    centred = not model.ln_final.uses_rms_norm
+    v = reference_null_basis(u, 1, centred)[:, 0]  # the weakest logit direction (centred for LayerNorm)
+    top = np.linalg.svd(u, full_matrices=False)[0][:, 0]  # the strongest
+    with torch.no_grad():  # make v an exact null direction: remove (g * v) from every token's unembedding row
+        lm_head = model.original_model.get_output_embeddings().weight  # [vocab, d]
+        a = torch.tensor(model.ln_final.original_component.weight.detach().double().numpy() * v, dtype=lm_head.dtype)
+        lm_head -= (lm_head @ a)[:, None] * a[None, :] / (a @ a)
+    size = 3 * float(model.blocks[-1].mlp.W_out.detach().norm(dim=1).max())
+    set_w_out(model, -1, 40, torch.tensor(v * size, dtype=torch.float32))
+    set_w_out(model, -1, 90, torch.tensor(top * size * 1.5, dtype=torch.float32))  # larger, but seen by the logits
+    report = entropy_neurons(model, TEXTS, top_n=3, n_random=3, n_boot=100, progress=False)
+    assert report.ablation_path == "head"
+    first = report.candidates[0]
+    assert first["neuron"] == 40 and first["rho"] > 0.999 and first["percentile"]["null_norm"] == 1.0
+    assert neuron_scores(model)["rho"][90] < 0.01  # the bigger decoy writes where the logits see it
+    effects = first["effects"]  # no direct path to the logits: it acts through the norm alone
+    assert abs(effects["direct_entropy"]) < 1e-4 < abs(effects["total_entropy"])
+    assert effects["mediated_fraction_entropy"] > 0.99
+    rows = report.rows()
+    assert any(r.metric == "ablation_mediated_entropy" and r.scope["rank"] == 1 for r in rows)
+
+
+def test_frequency_neuron_planted_along_the_frequency_direction_is_found(tiny_dirs):
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs["pythia"])
+    rng = np.random.default_rng(0)
+    counts = np.floor(rng.pareto(1.2, size=model.cfg.d_vocab) * 5)
+    seen = counts >= 1
+    u = explicit_unembedding(model)[:, seen]
+    logf = np.log(counts[seen] / counts.sum())
+    direction = np.linalg.lstsq(u.T, logf - logf.mean(), rcond=None)[0]
+    direction -= direction.mean()  # the LayerNorm centring would remove the rest anyway
+    size = float(model.blocks[-1].mlp.W_out.detach().norm(dim=1).mean())
+    set_w_out(model, -1, 17, torch.tensor(direction / np.linalg.norm(direction) * size, dtype=torch.float32))
+    out = frequency_neurons(model, counts, top_n=3, n_random=100)
+    assert out["top"][0]["neuron"] == 17
+    assert out["top"][0]["r"] == pytest.approx(out["ceiling_r"], abs=1e-6)
+    assert out["top"][0]["r"] > out["null_range"][1]
+
+
+def test_bad_input_raises_one_sentence_errors(tiny_dirs):
+    from interp_bayes.errors import PromptError
+    from interp_bayes.models import load_model
+
+    model = load_model(tiny_dirs["gpt2"])
+    with pytest.raises(PromptError, match="more than the model's context"):
+        final_norm_run(model, [[5] * 300])
+    with pytest.raises(ValueError, match="out of range"):
+        neuron_scores(model, layer=5)
+
+
+@pytest.mark.parametrize("fam", ["gpt2", "pythia"])
+def test_full_pass_ablation_of_an_earlier_layer_equals_a_weight_edit(tiny_dirs, tiny64, fam):
+    """Layer 0 of 2: the ablation changes what layer 1 computes, so whole hooked passes run. Reference: a copy whose
+    MLP output weights drop the neuron and whose bias adds mean * w_out (the same function, edited in the weights),
+    read through the closed-form head with the real scale (total) or the clean scale (direct)."""
+    model, edited = tiny64(fam), load64(tiny_dirs[fam])
+    j = 11
+    clean = final_norm_run(model, TEXTS, layer=0)
+    ablations = ablation_effects(model, TEXTS, [j], layer=0, clean=clean, progress=False)
+    assert ablations.path == "full"
+    effects = ablations.per_neuron[j]
+    out = edited.blocks[0].mlp.out.original_component
+    with torch.no_grad():
+        w = edited.blocks[0].mlp.W_out[j].detach().clone()
+        if isinstance(out, torch.nn.Linear):
+            out.weight[:, j] = 0.0
+        else:
+            out.weight[j] = 0.0
+        out.bias += clean["means"][j] * w
+    for i, ids in enumerate(clean["token_ids"]):
+        _, cache = edited.run_with_cache(torch.tensor([ids]))
+        x = cache["ln_final.hook_in"][0].double().numpy()
+        h0, l0 = entropy_and_loss(closed_form_logits(model, model.run_with_cache(torch.tensor([ids]))[1]
+                                                     ["ln_final.hook_in"][0].double().numpy(), None), ids)
+        h_tot, l_tot = entropy_and_loss(closed_form_logits(model, x, None), ids)
+        h_dir, _ = entropy_and_loss(closed_form_logits(model, x, clean["scale"][i]), ids)
+        assert effects["total_entropy"][i] == pytest.approx((h_tot - h0).sum(), abs=1e-9)
+        assert effects["total_loss"][i] == pytest.approx((l_tot - l0).sum(), abs=1e-9)
+        assert effects["direct_entropy"][i] == pytest.approx((h_dir - h0).sum(), abs=1e-9)
