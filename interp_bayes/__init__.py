@@ -15,7 +15,7 @@ _EXPORTS = {
     "extract": ["Activations", "collect", "entropy_bits"],
     "geometry": ["attention_focusing", "key_orthogonality", "manifold_report", "manifold_summary", "pca",
                  "participation_ratio"],
-    "interventions": ["AxisCut", "AxisOnly", "AxisShift", "SubspaceCut", "SubspaceOnly", "control_axes",
+    "interventions": ["AxisCut", "AxisOnly", "AxisShift", "SubspaceCut", "SubspaceOnly", "control_directions",
                       "intervene", "isotropic_subspaces", "matched_subspaces", "run_interventions", "summarize"],
     "models": ["ModelInfo", "ModelSpec", "list_models", "load_model", "model_info"],
     "prompts": ["builtin_prompt_sets", "load_hf_prompts", "load_prompts", "stratified_sample"],
