@@ -246,6 +246,19 @@ def checked(store: dict[tuple[str, int], torch.Tensor], idx: Sequence[int]) -> d
     return store
 
 
+def _final_position(act: torch.Tensor, hook) -> torch.Tensor:
+    return act[:, -1:]
+
+
+def final_position_tail(model) -> list[tuple[str, Callable]]:
+    """Forward hooks that compute the last block's attention output projection and MLP at the final position only
+    (their inputs cut to [batch, 1, ...]; keys and values still come from every position, and the block's residual
+    additions broadcast, so its other positions hold partial sums that nothing reads). Registered after any edit of
+    the last block's ``hook_z`` or MLP input, so that edits see every position."""
+    last = model.cfg.n_layers - 1
+    return [(f"blocks.{last}.attn.hook_z", _final_position), (f"blocks.{last}.mlp.hook_in", _final_position)]
+
+
 def final_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """[batch, vocab] next-token logits at the final position: the unembedding runs there only, and no key/value
     cache is built."""
@@ -284,6 +297,10 @@ def collect(
     distribution over those ids (e.g. the two labels of an in-context task) for the entropy. ``keep_logprobs``
     keeps the full next-token log-probabilities in memory (``acts.logprobs``, [n, vocab]; not saved), e.g. for the
     KL divergence of an intervention from the unperturbed model.
+
+    Only the final position is computed where nothing else is needed: the unembedding, and the last block's
+    attention output projection and MLP (``final_position_tail``; hooks of the caller on those see the final
+    position only).
     """
     from tqdm.auto import tqdm
 
@@ -306,7 +323,7 @@ def collect(
     logprobs = None
     current: dict[tuple[str, int], torch.Tensor] = {}
     bar = tqdm(total=n, desc="collect", unit="prompt", disable=not progress)
-    with model.hooks(fwd_hooks=reading_hooks(readings, layer_idx, current)):
+    with model.hooks(fwd_hooks=reading_hooks(readings, layer_idx, current) + final_position_tail(model)):
         for idx in length_batches(token_ids, batch_size):
             ids = torch.tensor([token_ids[i] for i in idx], device=device)
             logits = final_logits(model, ids)

@@ -7,14 +7,14 @@ masks (causal, sliding window) for the token ids, which costs next to nothing, w
 the captured residual instead of computing. Nothing of any family's forward is re-implemented, so every family the
 bridge supports works the same way, and blocks L.. compute exactly what they compute in a full pass.
 
-Only the final position's next-token distribution and readings are ever kept (``extract.collect``), so the last
-block needs its attention output and MLP at the final position only: ``final_position_tail`` cuts both to that
-position (keys and values still come from every position). The other positions of the last block's output then
-hold partial sums nobody reads.
+Several edits run stacked in one forward (copies of the batch, each copy's edit applied to its slice). The last
+block computes its attention output and MLP at the final position only, as in ``extract.collect``
+(``extract.final_position_tail``); there, and in the unembedding, the rows of one copy are few, so those modules
+run per copy (``per_copy``).
 
-``edited_runs`` runs the unperturbed model and a list of edits that way (``fast=True``), several edits stacked into
-one forward, or with a whole forward pass per edit (``fast=False``, the reference). Both give the same numbers bit
-for bit (the tests check it on every family and on SmolLM2); see ``MIN_ROWS`` for what that takes.
+``edited_runs`` runs the unperturbed model and a list of edits that way (``fast=True``), or with a whole forward
+pass per edit (``fast=False``, the reference). Both give the same numbers: bit for bit on CPU with MKL (see
+``MIN_ROWS`` for what that takes), and to 1e-5 relative in the tests, on every family and on SmolLM2.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ HOOK_V = "blocks.{layer}.attn.hook_v"  # where edits act: [batch, pos, n_kv_head
 EDIT_TOKENS = 4096  # edits are stacked into one forward up to about this many tokens ...
 EDIT_ROWS = 128  # ... and this many prompt copies (each keeps a row of full-vocabulary logits)
 # A matrix product computes each row the same way whatever its number of rows from this many rows on (MKL takes
-# another kernel for smaller matrices). Stacking copies and cutting the last block to the final position happen
-# only where every product keeps at least this many rows, and the unembedding runs per copy, so that the fast
-# path reproduces a whole forward pass bit for bit.
+# another kernel for smaller matrices): copies are stacked only when one copy's batch has at least this many
+# tokens, and the final-position modules, with one row per prompt, run per copy; so the fast path reproduces a
+# whole forward pass bit for bit.
 MIN_ROWS = 16
 
 
@@ -82,35 +82,24 @@ def replay_prefix(model, start: int, residual: Any, copies: int = 1) -> Iterator
 
 
 @contextmanager
-def per_copy(module: torch.nn.Module, copies: int) -> Iterator[None]:
-    """While active, ``module`` runs on each of ``copies`` equal slices of its input's batch separately, so each
-    copy's rows come out exactly as in a forward of that copy alone (a matrix product may round a row differently
-    when the matrix has more rows)."""
+def per_copy(modules: list[torch.nn.Module], copies: int) -> Iterator[None]:
+    """While active, each of ``modules`` runs on the ``copies`` equal slices of its input's batch one at a time, so
+    each copy's rows come out exactly as in a forward of that copy alone (a matrix product may round a row
+    differently when the matrix has more rows)."""
     if copies == 1:
         yield
         return
-    run = type(module).forward.__get__(module)
 
-    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return torch.cat([run(part, *args, **kwargs) for part in x.chunk(copies)])
+    def split(run: Callable) -> Callable:
+        return lambda x, *args, **kwargs: torch.cat([run(part, *args, **kwargs) for part in x.chunk(copies)])
 
-    object.__setattr__(module, "forward", forward)
+    for module in modules:
+        object.__setattr__(module, "forward", split(type(module).forward.__get__(module)))
     try:
         yield
     finally:
-        object.__delattr__(module, "forward")
-
-
-def _final_position(act: torch.Tensor, hook) -> torch.Tensor:
-    return act[:, -1:]
-
-
-def final_position_tail(model) -> list[tuple[str, Callable]]:
-    """Forward hooks that compute the last block's attention output projection and MLP at the final position only
-    (their inputs cut to [batch, 1, ...]; the block's residual additions broadcast). Register them after any edit
-    of the last block's ``hook_z`` or MLP input, so that edits see every position."""
-    last = model.cfg.n_layers - 1
-    return [(f"blocks.{last}.attn.hook_z", _final_position), (f"blocks.{last}.mlp.hook_in", _final_position)]
+        for module in modules:
+            object.__delattr__(module, "forward")
 
 
 @dataclass
@@ -178,8 +167,8 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     """Per batch of prompts, the unperturbed forward keeps the residual entering the first edited block of every
     edit; the edits then run from there, several stacked into one forward. Readings before an edit's first block
     are the unperturbed ones."""
-    from .extract import (check_prompts, checked, final_logits, length_batches, next_token_entropy, reading_hooks,
-                          tokenize)
+    from .extract import (check_prompts, checked, final_logits, final_position_tail, length_batches,
+                          next_token_entropy, reading_hooks, tokenize)
 
     token_ids = tokenize(model, prompts)
     check_prompts(token_ids, prompts, model.cfg.n_ctx)
@@ -192,6 +181,8 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     for e, edit in enumerate(edits):
         starts.setdefault(min(edit), []).append(e)
     blocks = {layer: layer % model.cfg.n_layers for layer in layers}  # the caller's spelling -> block index
+    last = model.blocks[-1]
+    one_row_per_prompt = [last.attn.o, last.mlp, model.unembed]  # the final position only: run per copy
     store: dict = {}
 
     def record(run: EditedRun, index: torch.Tensor, logits: torch.Tensor, values: dict[int, torch.Tensor],
@@ -205,8 +196,8 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     for idx in length_batches(token_ids, batch_size):
         ids = torch.tensor([token_ids[i] for i in idx], device=device)
         index, rows = torch.tensor(idx), len(idx)
-        with capture_residuals(model, starts) as residual, \
-                model.hooks(fwd_hooks=reading_hooks(("v",), sorted(set(blocks.values())), store)):
+        with capture_residuals(model, starts) as residual, model.hooks(
+                fwd_hooks=reading_hooks(("v",), sorted(set(blocks.values())), store) + final_position_tail(model)):
             logits = final_logits(model, ids)
         checked(store, idx)
         base_values = {layer: store[("v", block)] for layer, block in blocks.items()}
@@ -220,11 +211,10 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
                 edited = sorted({layer for e in chunk for layer in edits[e]})
                 hooks = [(HOOK_V.format(layer=layer), _per_copy_hook([edits[e].get(layer) for e in chunk], rows))
                          for layer in edited]
-                tail = final_position_tail(model) if ids.numel() >= MIN_ROWS <= len(chunk) * rows else []
                 store.clear()
                 with replay_prefix(model, start, residual.get(start), copies=len(chunk)), \
-                        per_copy(model.unembed, len(chunk)), \
-                        model.hooks(fwd_hooks=hooks + reading_hooks(("v",), later, store) + tail):
+                        per_copy(one_row_per_prompt, len(chunk)), \
+                        model.hooks(fwd_hooks=hooks + reading_hooks(("v",), later, store) + final_position_tail(model)):
                     logits = final_logits(model, ids.repeat(len(chunk), 1))
                 checked(store, idx)
                 for j, e in enumerate(chunk):

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from interp_bayes.interventions import AxisCut
-from interp_bayes.prefix import capture_residuals, final_position_tail, per_copy, replay_prefix
+from interp_bayes.extract import final_position_tail
+from interp_bayes.prefix import capture_residuals, per_copy, replay_prefix
 
 
 def _inputs(bridge, batch=3, length=24):
@@ -38,18 +39,20 @@ def test_replayed_prefix_equals_the_whole_forward_bit_for_bit(tiny):
 
 
 @torch.no_grad()
-def test_per_copy_unembedding_and_final_position_tail(tiny):
-    """The unembedding run per copy gives each copy exactly its own logits; the last block cut to the final
-    position gives the final position's logits (here: enough rows for the same matrix kernels, bit for bit)."""
+def test_final_position_tail_and_per_copy_modules(tiny):
+    """The last block cut to the final position gives the final position's logits; with that block's output
+    projection, MLP and the unembedding run per copy, two stacked copies give each copy exactly its own logits."""
     bridge, _, _ = tiny
-    ids, _ = _inputs(bridge, batch=16, length=5)
+    ids, _ = _inputs(bridge, batch=2, length=8)
     whole = bridge(ids)[:, -1]
-    with per_copy(bridge.unembed, 2):
-        pair = bridge(torch.cat([ids, ids.flip(0)]))[:, -1]
-    assert torch.equal(pair[:16], whole)
-    with bridge.hooks(fwd_hooks=final_position_tail(bridge)):
+    tail_hooks = final_position_tail(bridge)
+    with bridge.hooks(fwd_hooks=tail_hooks):
         tail = bridge(ids)[:, -1]
-    assert torch.equal(tail, whole)
-    with pytest.raises(RuntimeError, match="inside"), per_copy(bridge.unembed, 2):
+        last = bridge.blocks[-1]
+        with per_copy([last.attn.o, last.mlp, bridge.unembed], 2):
+            pair = bridge(torch.cat([ids, ids.flip(0)]))[:, -1]
+    torch.testing.assert_close(tail, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pair, torch.cat([tail, tail.flip(0)]), rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="inside"), per_copy([bridge.unembed], 2):
         raise RuntimeError("inside")
     assert "forward" not in vars(bridge.unembed)
