@@ -11,7 +11,9 @@ draws more), then the fast path on the edits of the default recipe (``--draws`` 
 A naive run is a whole forward pass whatever the edit, so its time per run times (1 + edits) is what the naive path
 would take on the fast path's edits: the ratio fast / naive is taken on equal edit counts. The fast path's time
 per edit beyond its unperturbed run extrapolates to the full protocol (20 + 20 + 3 draws, both layer sets).
-Medians over repeats, with the spread (min-max) of the ratio. Time one thread (``--threads``).
+Medians over repeats, with the ratio of every repeat, in wall-clock time and in this process's CPU time (the
+steadier of the two on a shared machine). One thread by default (``--threads``). ``--full`` instead times the
+whole protocol once on the fast path (20 + 20 + 3 draws, four operators, both layer sets), as a recipe would.
 """
 
 from __future__ import annotations
@@ -84,32 +86,39 @@ def bench_model(model, name: str, args) -> dict:
     n_fast = len(OPS) * (1 + sum(recipe.values()))
     n_naive = len(OPS) * (1 + args.naive_draws)
     common = dict(label_tokens=proto["label_tokens"], progress=False)
+
+    def timed(**kw) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"], **common, **kw)
+        return time.perf_counter() - wall, time.process_time() - cpu
+
     out = {}
     for spec, layer_set in proto["layer_sets"].items():
-        naive_run, fast, ratios = [], [], []
+        naive_run, fast, ratios = {"wall": [], "cpu": []}, {"wall": [], "cpu": []}, {"wall": [], "cpu": []}
         for _ in range(args.repeats):
-            t = time.perf_counter()
-            run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"],
-                              layer_sets=[layer_set], controls={"isotropic": args.naive_draws}, fast=False, **common)
-            naive_run.append((time.perf_counter() - t) / (1 + n_naive))
-            t = time.perf_counter()
-            run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"],
-                              layer_sets=[layer_set], controls=recipe, fast=True, **common)
-            fast.append(time.perf_counter() - t)
-            ratios.append(fast[-1] / (naive_run[-1] * (1 + n_fast)))
-        run, f = statistics.median(naive_run), statistics.median(fast)
-        per_edit = (f - run) / n_fast  # the fast path's unperturbed run is one whole forward pass
-        out[spec] = dict(layers=layer_set, naive_run=run, fast=f, per_edit=per_edit, ratio=statistics.median(ratios),
-                         spread=(min(ratios), max(ratios)), full=run + len(OPS) * 44 * per_edit)
-        print(f"  {spec:8s} layers {layer_set}: naive {run:.2f}s per run (x{1 + n_fast} = {run * (1 + n_fast):.0f}s) | "
-              f"fast {f:.0f}s for the unperturbed run + {n_fast} edits ({per_edit:.2f}s per edit) | "
-              f"fast/naive {out[spec]['ratio']:.3f} (repeats {', '.join(f'{r:.3f}' for r in ratios)})", flush=True)
-    total_naive = sum(r["naive_run"] * (1 + n_fast) for r in out.values())
-    total_fast = sum(r["fast"] for r in out.values())
-    full = sum(r["full"] for r in out.values())
-    print(f"  both layer sets, {n_fast} edits each: fast/naive {total_fast / total_naive:.3f}; full protocol "
-          f"(20+20+3 draws, 4 ops, both sets: {2 * len(OPS) * 44} edits) extrapolated: fast {full / 60:.1f} min, "
-          f"naive {sum(r['naive_run'] for r in out.values()) * (1 + len(OPS) * 44) / 60:.1f} min", flush=True)
+            naive = timed(layer_sets=[layer_set], controls={"isotropic": args.naive_draws}, fast=False)
+            quick = timed(layer_sets=[layer_set], controls=recipe, fast=True)
+            for clock, n, f in zip(("wall", "cpu"), naive, quick):
+                naive_run[clock].append(n / (1 + n_naive))
+                fast[clock].append(f)
+                ratios[clock].append(f / (naive_run[clock][-1] * (1 + n_fast)))
+        out[spec] = {}
+        for clock in ("wall", "cpu"):
+            run, f = statistics.median(naive_run[clock]), statistics.median(fast[clock])
+            per_edit = (f - run) / n_fast  # the fast path's unperturbed run is one whole forward pass
+            out[spec][clock] = dict(naive_run=run, fast=f, per_edit=per_edit, ratio=statistics.median(ratios[clock]),
+                                    full=run + len(OPS) * 44 * per_edit)
+            print(f"  {spec:8s} {clock:4s} layers {layer_set}: naive {run:.2f}s per run (x{1 + n_fast} = "
+                  f"{run * (1 + n_fast):.0f}s) | fast {f:.0f}s for the unperturbed run + {n_fast} edits "
+                  f"({per_edit:.2f}s per edit) | fast/naive {out[spec][clock]['ratio']:.3f} (repeats "
+                  f"{', '.join(f'{r:.3f}' for r in ratios[clock])})", flush=True)
+    for clock in ("wall", "cpu"):
+        runs = [r[clock] for r in out.values()]
+        total = sum(r["fast"] for r in runs) / sum(r["naive_run"] * (1 + n_fast) for r in runs)
+        print(f"  {clock}: both layer sets, {n_fast} edits each: fast/naive {total:.3f}; full protocol (20+20+3 "
+              f"draws, 4 ops, both sets: {2 * len(OPS) * 44} edits) extrapolated: fast "
+              f"{sum(r['full'] for r in runs) / 60:.1f} min, naive "
+              f"{sum(r['naive_run'] for r in runs) * (1 + 2 * len(OPS) * 44) / 60:.1f} min", flush=True)
     return out
 
 
@@ -152,7 +161,10 @@ def main() -> None:
     smollm2 = ib.load_model("smollm2-135m")
     for name in args.models:
         model = smollm2 if name == "smollm2-135m" else llama_05b(ib.model_info(smollm2).source)
-        (time_full_protocol if args.full else bench_model)(model, name, *([] if args.full else [args]))
+        if args.full:
+            time_full_protocol(model, name)
+        else:
+            bench_model(model, name, args)
         del model
     print(f"load average at the end {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
