@@ -20,7 +20,7 @@ _EXPORTS = {
     "grid": ["Grid", "GridRun", "run_grid"],
     "geometry": ["attention_focusing", "key_orthogonality", "manifold_report", "manifold_summary", "pca",
                  "participation_ratio"],
-    "interventions": ["AxisCut", "AxisOnly", "AxisShift", "SubspaceCut", "SubspaceOnly", "control_axes",
+    "interventions": ["AxisCut", "AxisOnly", "AxisShift", "SubspaceCut", "SubspaceOnly", "control_directions",
                       "intervene", "isotropic_subspaces", "matched_subspaces", "run_interventions", "summarize"],
     "kinds": ["Figure", "Kind", "Line", "Params", "Result", "get_kind", "register"],
     "models": ["ModelInfo", "ModelSpec", "checkpoint_tokenizer", "list_models", "load_model", "model_identity",

@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -152,7 +152,11 @@ class Activations:
 
 def entropy_bits(logits: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in bits of softmax(logits) over the last axis, computed from float32 log_softmax."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return _bits(torch.log_softmax(logits.float(), dim=-1))
+
+
+def _bits(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy in bits from log-probabilities over the last axis."""
     return -(logp.exp() * logp).sum(-1) / LN2
 
 
@@ -179,7 +183,7 @@ def tokenize(model, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Ten
     return out
 
 
-def _check_prompts(token_ids: list[list[int]], prompts, n_ctx: int) -> None:
+def check_prompts(token_ids: list[list[int]], prompts, n_ctx: int) -> None:
     if not token_ids:
         raise PromptError("The prompt list is empty; pass at least one prompt.")
     for i, ids in enumerate(token_ids):
@@ -218,6 +222,60 @@ def prompt_digest(token_ids: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
 
 
+def reading_hooks(readings: Sequence[str], layers: Sequence[int],
+                  store: dict[tuple[str, int], torch.Tensor]) -> list[tuple[str, Callable]]:
+    """Forward hooks that put each reading's final-position row, [batch, dim] float32 on the CPU, into
+    ``store[(name, layer)]`` on every forward; they observe and never edit."""
+    def keep(name: str, layer: int) -> Callable:
+        reduce = HOOKS[name][1]
+
+        def hook(act: torch.Tensor, hook) -> None:
+            store[(name, layer)] = reduce(act.detach()).to("cpu", torch.float32)
+        return hook
+
+    return [(HOOKS[name][0].format(layer=layer), keep(name, layer)) for name in readings for layer in layers]
+
+
+def checked(store: dict[tuple[str, int], torch.Tensor], idx: Sequence[int]) -> dict[tuple[str, int], torch.Tensor]:
+    """``store`` after refusing a non-finite reading, naming it and the first prompts of the batch."""
+    for (name, layer), t in store.items():
+        if not torch.isfinite(t).all():
+            raise NonFiniteActivationError(
+                f"Non-finite values in reading '{name}' at layer {layer} (prompts {list(idx[:5])}...); "
+                "check the dtype (try float32) or the weights of that layer.")
+    return store
+
+
+def _final_position(act: torch.Tensor, hook) -> torch.Tensor:
+    return act[:, -1:]
+
+
+def final_position_tail(model) -> list[tuple[str, Callable]]:
+    """Forward hooks that compute the last block's attention output projection and MLP at the final position only
+    (their inputs cut to [batch, 1, ...]; keys and values still come from every position, and the block's residual
+    additions broadcast, so its other positions hold partial sums that nothing reads). Registered after any edit of
+    the last block's ``hook_z`` or MLP input, so that edits see every position."""
+    last = model.cfg.n_layers - 1
+    return [(f"blocks.{last}.attn.hook_z", _final_position), (f"blocks.{last}.mlp.hook_in", _final_position)]
+
+
+def final_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """[batch, vocab] next-token logits at the final position: the unembedding runs there only, and no key/value
+    cache is built."""
+    return model(ids, logits_to_keep=1, use_cache=False)[:, -1]
+
+
+def next_token_entropy(logits: torch.Tensor, labels: torch.Tensor | None,
+                       logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([batch] entropy in bits, [batch, n_labels] label log-probabilities or None) of final-position logits:
+    over the vocabulary (``logprobs``, the float32 log_softmax, is reused when given), or renormalised over
+    ``labels``."""
+    if labels is None:
+        return _bits(torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs).cpu(), None
+    lp = torch.log_softmax(logits.float()[:, labels], dim=-1)
+    return _bits(lp).cpu(), lp.cpu()
+
+
 @torch.no_grad()
 def collect(
     model,
@@ -239,6 +297,10 @@ def collect(
     distribution over those ids (e.g. the two labels of an in-context task) for the entropy. ``keep_logprobs``
     keeps the full next-token log-probabilities in memory (``acts.logprobs``, [n, vocab]; not saved), e.g. for the
     KL divergence of an intervention from the unperturbed model.
+
+    Only the final position is computed where nothing else is needed: the unembedding, and the last block's
+    attention output projection and MLP (``final_position_tail``; hooks of the caller on those see the final
+    position only).
     """
     from tqdm.auto import tqdm
 
@@ -249,7 +311,7 @@ def collect(
     n_layers = cfg.n_layers
     layer_idx = _normalise_layers(layers, n_layers)
     token_ids = tokenize(model, prompts, prepend_bos)
-    _check_prompts(token_ids, prompts, cfg.n_ctx)
+    check_prompts(token_ids, prompts, cfg.n_ctx)
     device = next(model.parameters()).device
     labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
 
@@ -260,40 +322,24 @@ def collect(
     label_logprobs = torch.empty(n, len(labels)) if labels is not None else None
     logprobs = None
     current: dict[tuple[str, int], torch.Tensor] = {}
-
-    def keep_last(name: str, layer: int):
-        reduce = HOOKS[name][1]
-
-        def hook(act: torch.Tensor, hook) -> None:  # returns None: observes, never edits
-            current[(name, layer)] = reduce(act.detach()).to("cpu", torch.float32)
-        return hook
-
-    fwd_hooks = [(HOOKS[name][0].format(layer=layer), keep_last(name, layer)) for name in readings for layer in layer_idx]
-    batches = list(length_batches(token_ids, batch_size))
     bar = tqdm(total=n, desc="collect", unit="prompt", disable=not progress)
-    with model.hooks(fwd_hooks=fwd_hooks):
-        for idx in batches:
+    with model.hooks(fwd_hooks=reading_hooks(readings, layer_idx, current) + final_position_tail(model)):
+        for idx in length_batches(token_ids, batch_size):
             ids = torch.tensor([token_ids[i] for i in idx], device=device)
-            logits = model(ids, logits_to_keep=1)[:, -1]  # [batch, vocab]; only the final position is needed
-            for (name, layer), t in current.items():
-                if not torch.isfinite(t).all():
-                    raise NonFiniteActivationError(
-                        f"Non-finite values in reading '{name}' at layer {layer} (prompts {idx[:5]}...); "
-                        "check the dtype (try float32) or the weights of that layer.")
-                out[name].setdefault(layer, torch.empty(n, t.shape[1]))[idx] = t
-            current.clear()
+            logits = final_logits(model, ids)
             index = torch.tensor(idx)
+            for (name, layer), t in checked(current, idx).items():
+                out[name].setdefault(layer, torch.empty(n, t.shape[1]))[index] = t
+            current.clear()
             next_token[index] = logits.argmax(-1).cpu()
+            logp = torch.log_softmax(logits.float(), dim=-1) if keep_logprobs or labels is None else None
             if keep_logprobs:
                 if logprobs is None:
                     logprobs = torch.empty(n, logits.shape[-1])
-                logprobs[index] = torch.log_softmax(logits.float(), dim=-1).cpu()
-            if labels is not None:
-                lp = torch.log_softmax(logits.float()[:, labels], dim=-1)
-                label_logprobs[index] = lp.cpu()
-                entropy[index] = (-(lp.exp() * lp).sum(-1) / LN2).cpu()
-            else:
-                entropy[index] = entropy_bits(logits).cpu()
+                logprobs[index] = logp.cpu()
+            entropy[index], lp = next_token_entropy(logits, labels, logp)
+            if lp is not None:
+                label_logprobs[index] = lp
             bar.update(len(idx))
     bar.close()
     if not torch.isfinite(entropy).all():

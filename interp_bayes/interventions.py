@@ -33,8 +33,8 @@ import torch
 
 from .errors import InterventionError
 from .geometry import as_float64, pca
+from .prefix import HOOK_V, EditedRun, edited_runs
 
-HOOK_V = "blocks.{layer}.attn.hook_v"
 SITES = {"v": HOOK_V,  # [batch, pos, n_kv_heads, d_head]
          "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, n_heads, d_head]
          "resid": "blocks.{layer}.hook_resid_post"}  # [batch, pos, d_model]
@@ -197,6 +197,21 @@ def _check_edit(model, idx: int, op, site: str, allow_layer_mismatch: bool) -> N
                                 f"has {shape}; fit the axis on this model's readings at that site.")
 
 
+def resolve_edits(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *, site: str = "v",
+                  allow_layer_mismatch: bool = False) -> dict[int, Callable[[torch.Tensor], torch.Tensor]]:
+    """``edits`` keyed by non-negative layer index, after refusing a layer out of range, an axis fitted at another
+    layer (unless ``allow_layer_mismatch``) and a direction of the wrong size for ``site``."""
+    n = model.cfg.n_layers
+    out = {}
+    for layer, op in edits.items():
+        idx = layer + n if layer < 0 else layer
+        if not 0 <= idx < n:
+            raise InterventionError(f"Layer {layer} is out of range for a model with {n} layers.")
+        _check_edit(model, idx, op, site, allow_layer_mismatch)
+        out[idx] = op
+    return out
+
+
 @contextmanager
 def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *, site: str = "v",
               allow_layer_mismatch: bool = False) -> Iterator:
@@ -204,14 +219,8 @@ def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *
     the default), ``"z"`` (hook_z) or ``"resid"`` (hook_resid_post). The hooks are removed on exit, also after an
     exception. An operator built from an ``EntropyAxis`` remembers the axis' layer, and applying it at another layer
     is refused unless ``allow_layer_mismatch`` is set."""
-    n = model.cfg.n_layers
-    hooks = []
-    for layer, op in edits.items():
-        idx = layer + n if layer < 0 else layer
-        if not 0 <= idx < n:
-            raise InterventionError(f"Layer {layer} is out of range for a model with {n} layers.")
-        _check_edit(model, idx, op, site, allow_layer_mismatch)
-        hooks.append((SITES[site].format(layer=idx), lambda v, hook, op=op: op(v)))
+    resolved = resolve_edits(model, edits, site=site, allow_layer_mismatch=allow_layer_mismatch)
+    hooks = [(SITES[site].format(layer=idx), lambda v, hook, op=op: op(v)) for idx, op in resolved.items()]
     with model.hooks(fwd_hooks=hooks):
         yield model
 
@@ -337,11 +346,28 @@ def pc_axes(values, k: int = 4) -> np.ndarray:
     return dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
 
 
-def control_axes(values, u, *, layer: int, seed: int, n_isotropic: int, n_matched: int, n_pcs: int) -> dict:
-    """family -> [n_draws, dim] control directions for one layer (and the matched family's variance ratios)."""
-    matched, ratio = matched_axes(values, u, n_matched, layer=layer, seed=seed)
-    return dict(isotropic=isotropic_axes(u, n_isotropic, layer=layer, seed=seed), matched=matched,
-                pcs=pc_axes(values, n_pcs + 1)), ratio
+ControlDraw = Callable[..., tuple[np.ndarray, np.ndarray | None]]
+
+# The control families, each drawn per layer: name -> draw(fit values, true axis u, n, layer=, seed=) returning
+# ([n, dim] unit directions, [n] their projected variance / u's, or None where the family does not match variance).
+# Adding a family is one entry; run_interventions takes family -> number of draws.
+CONTROL_FAMILIES: dict[str, ControlDraw] = {
+    "isotropic": lambda values, u, n, *, layer, seed: (isotropic_axes(u, n, layer=layer, seed=seed), None),
+    "matched": lambda values, u, n, *, layer, seed: matched_axes(values, u, n, layer=layer, seed=seed),
+    "pcs": lambda values, u, n, *, layer, seed: (pc_axes(values, n + 1), None),
+}
+FULL_CONTROLS = {"isotropic": 20, "matched": 20, "pcs": 3}  # the paper's protocol
+
+
+def control_directions(values, u, controls: dict[str, int], *, layer: int,
+                       seed: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """family -> ([n, dim] control directions, [n] variance ratios or None) for one layer, for every family of
+    ``controls`` (name -> number of draws) with at least one draw."""
+    unknown = sorted(set(controls) - set(CONTROL_FAMILIES))
+    if unknown:
+        raise InterventionError(f"Unknown control famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
+                                f"choose from {', '.join(CONTROL_FAMILIES)}.")
+    return {fam: CONTROL_FAMILIES[fam](values, u, n, layer=layer, seed=seed) for fam, n in controls.items() if n > 0}
 
 
 @dataclass
@@ -387,7 +413,7 @@ def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> d
     return out
 
 
-def _geometry(acts, directions: dict[int, np.ndarray], spread: dict[int, float] | None = None) -> dict:
+def _geometry(run: EditedRun, directions: dict[int, np.ndarray], spread: dict[int, float] | None = None) -> dict:
     """corr(v_L . u_L, model entropy) at every collected layer L (on the values this run actually computed).
 
     Where the projection has lost its spread (below 1e-6 of ``spread[L]``, the unperturbed one: after a cut on
@@ -395,79 +421,81 @@ def _geometry(acts, directions: dict[int, np.ndarray], spread: dict[int, float] 
     """
     from .geometry import correlations
 
-    h = as_float64(acts.entropy)
+    h = as_float64(run.entropy)
     out = {}
     for layer, u in directions.items():
-        proj = as_float64(acts.values(layer)) @ u
+        proj = as_float64(run.values[layer]) @ u
         flat = spread is not None and proj.std() < 1e-6 * spread[layer]
         out[f"geom_L{layer}"] = float("nan") if flat else correlations(proj, h)["pearson"]
     return out
 
 
+def plan_edits(model, axes: dict, fit_values: dict, *, layer_sets: list[list[int]], ops=OPS,
+               controls: dict[str, int], seed: int = 0) -> tuple[list[tuple], list[dict], dict]:
+    """Every edit of the protocol: ([(layer set, op, kind, draw)], the matching edits layer -> operator, and per
+    layer the control draws ``control_directions`` gave), kinds ordered true axis first, then the families of
+    ``controls`` in their order."""
+    drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, controls, layer=layer, seed=seed)
+             for layer in sorted(axes)}
+    kinds = [("true", 0)] + [(fam, i) for fam, count in controls.items() for i in range(count)]
+    plan = [(layer_set, op, kind, draw) for layer_set in layer_sets for op in ops for kind, draw in kinds]
+    edits = [resolve_edits(model, {layer: make_op(op, torch.tensor(
+        as_float64(axes[layer].direction) if kind == "true" else drawn[layer][kind][0][draw]), axes[layer].sigma)
+        for layer in layer_set}) for layer_set, op, kind, draw in plan]
+    return plan, edits, drawn
+
+
 def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, *,
-                      label_tokens: list[int], layer_sets: list[list[int]], ops=OPS, n_isotropic: int = 20,
-                      n_matched: int = 20, n_pcs: int = 3, seed: int = 0, batch_size: int | None = None,
-                      progress: bool = True) -> InterventionResult:
+                      label_tokens: list[int], layer_sets: list[list[int]], ops=OPS,
+                      controls: dict[str, int] | None = None, seed: int = 0, batch_size: int | None = None,
+                      fast: bool = True, progress: bool = True, n_isotropic: int | None = None,
+                      n_matched: int | None = None, n_pcs: int | None = None) -> InterventionResult:
     """Edit the value axis of each layer set with each operator, for the true axes and every control draw.
 
     axes: layer -> EntropyAxis (fitted on other prompts: cross-fitting); fit_values: layer -> the values the axes
     were fitted on (for the matched and PC controls); task: columns ``k``, ``latent``, ``bayes_entropy`` of the
-    evaluation ``prompts``. Geometry is read at every axis layer from the values each run computes: at an edited
-    layer it sees the edited values (nearly tautological after a cut, as in the paper), at later layers values
-    computed downstream of the edit.
+    evaluation ``prompts``; controls: control family (``CONTROL_FAMILIES``) -> number of draws, by default
+    ``FULL_CONTROLS`` (``n_isotropic``, ``n_matched``, ``n_pcs`` are the older spelling of the same counts).
+    Geometry is read at every axis layer from the values each run computes: at an edited layer it sees the edited
+    values (nearly tautological after a cut, as in the paper), at later layers values computed downstream of the edit.
+
+    fast: reuse what an edit cannot change (the blocks before its first edited layer) and stack several edits into
+    one forward (``prefix.edited_runs``); the same numbers as ``fast=False``, a whole forward pass per edit (bit for
+    bit on CPU with MKL; the tests check 1e-5 relative on every model family and on SmolLM2).
     """
     from tqdm.auto import tqdm
 
-    from .extract import collect
     from .geometry import correlations
 
+    legacy = {fam: count for fam, count in (("isotropic", n_isotropic), ("matched", n_matched), ("pcs", n_pcs))
+              if count is not None}
+    controls = {**(controls if controls is not None else FULL_CONTROLS), **legacy}
     layers = sorted(axes)
     true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
-    sigma = {layer: axes[layer].sigma for layer in layers}
-    controls, ratios = {}, {}
-    for layer in layers:
-        controls[layer], ratios[layer] = control_axes(fit_values[layer], axes[layer].direction, layer=layer,
-                                                      seed=seed, n_isotropic=n_isotropic, n_matched=n_matched,
-                                                      n_pcs=n_pcs)
+    plan, edits, drawn = plan_edits(model, axes, fit_values, layer_sets=layer_sets, ops=ops, controls=controls,
+                                    seed=seed)
 
-    def run(edits=None):
-        with intervene(model, edits or {}):
-            return collect(model, prompts, layers=layers, readings=("v",), label_tokens=label_tokens,
-                           batch_size=batch_size, keep_logprobs=True, progress=False)
-
-    base = run()
-    base_lp = base.logprobs.double()
-    spread = {layer: float((as_float64(base.values(layer)) @ u).std()) for layer, u in true_dirs.items()}
+    with tqdm(total=len(edits) * len(prompts), desc="interventions", unit="prompt", disable=not progress) as bar:
+        base, *runs = edited_runs(model, prompts, edits, layers=layers, label_tokens=label_tokens,
+                                  batch_size=batch_size, fast=fast, tick=bar.update)
+    spread = {layer: float((as_float64(base.values[layer]) @ u).std()) for layer, u in true_dirs.items()}
     baseline = dict(_behaviour(as_float64(base.entropy), base.label_logprobs.numpy(), task),
                     **_geometry(base, true_dirs), entropy=as_float64(base.entropy).tolist())
-    kinds = [("true", 0)] + [(fam, i) for fam, n in (("isotropic", n_isotropic), ("matched", n_matched),
-                                                     ("pcs", n_pcs)) for i in range(n)]
     rows, true_entropy = [], {}
-    bar = tqdm(total=len(layer_sets) * len(ops) * len(kinds), desc="interventions", disable=not progress)
-    for layer_set in layer_sets:
-        for op in ops:
-            for kind, draw in kinds:
-                dirs = {layer: true_dirs[layer] if kind == "true" else controls[layer][kind][draw]
-                        for layer in layer_set}
-                acts = run({layer: make_op(op, torch.tensor(d), sigma[layer]) for layer, d in dirs.items()})
-                lp = acts.logprobs.double()
-                kl = (lp.exp() * (lp - base_lp)).sum(-1) / np.log(2)  # KL(edited || unperturbed), bits
-                h = as_float64(acts.entropy)
-                row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
-                           kl_bits=float(kl.mean()),
-                           corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
-                           **_behaviour(h, acts.label_logprobs.numpy(), task), **_geometry(acts, true_dirs, spread))
-                later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
-                row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
-                if kind == "matched":
-                    row["variance_ratio"] = float(np.mean([ratios[layer][draw] for layer in layer_set]))
-                rows.append(row)
-                if kind == "true":
-                    true_entropy[(row["layer_set"], op)] = h
-                bar.update(1)
-    bar.close()
-    n_runs = 1 + len(layer_sets) * len(ops) * len(kinds)
-    return InterventionResult(rows, baseline, n_runs * len(prompts), true_entropy)
+    for (layer_set, op, kind, draw), run in zip(plan, runs):
+        h = as_float64(run.entropy)
+        row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
+                   kl_bits=float(run.kl.mean()),
+                   corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
+                   **_behaviour(h, run.label_logprobs.numpy(), task), **_geometry(run, true_dirs, spread))
+        later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
+        row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
+        if kind != "true" and drawn[layer_set[0]][kind][1] is not None:  # a family matching variance
+            row["variance_ratio"] = float(np.mean([drawn[layer][kind][1][draw] for layer in layer_set]))
+        rows.append(row)
+        if kind == "true":
+            true_entropy[(row["layer_set"], op)] = h
+    return InterventionResult(rows, baseline, (1 + len(plan)) * len(prompts), true_entropy)
 
 
 def summarize(result: InterventionResult, task: dict, *,

@@ -1,6 +1,8 @@
-"""Interventions on hook_v: equal to weight edits, exact identities, GQA group locality, controls, the runner."""
+"""Interventions on hook_v: equal to weight edits, exact identities, GQA group locality, controls, the runner, and
+the fast runner equal to the naive one on every family and on SmolLM2."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -124,7 +126,7 @@ def test_runner_rows_and_summary(tiny_dirs):
     fit_values = {1: acts.values(1)[fit_idx]}
     ev = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
     res = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev, label_tokens=labels,
-                            layer_sets=[[1]], n_isotropic=2, n_matched=2, n_pcs=1, progress=False)
+                            layer_sets=[[1]], controls={"isotropic": 2, "matched": 2, "pcs": 1}, progress=False)
     assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (1 + 24) * 10
     table = res.table()
     assert set(table.kind) == {"true", "isotropic", "matched", "pcs"}
@@ -133,6 +135,10 @@ def test_runner_rows_and_summary(tiny_dirs):
     assert np.isnan(cut_last.geom_L1)  # v.u has no spread left after the cut: no correlation to speak of
     assert res.baseline["mae"] >= 0 and len(res.baseline["entropy"]) == 10
     assert "<table" in res._repr_html_() and len(res.figure().data) == 4  # one strip per axis kind
+    legacy = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev,
+                               label_tokens=labels, layer_sets=[[1]], ops=["cut"], n_isotropic=2, n_matched=2,
+                               n_pcs=1, progress=False)  # the older spelling of the same counts
+    pd.testing.assert_frame_equal(legacy.table(), table[table.op == "cut"].reset_index(drop=True), check_exact=True)
     summary = summarize(res, ev, n_boot=50)
     assert len(summary) == 4 * 3
     mae = next(s for s in summary if s["metric"] == "mae_k_ge_1" and s["op"] == "cut" and s["layer_set"] == "1")
@@ -232,3 +238,90 @@ def test_subspace_controls_are_orthogonal_reproducible_and_variance_matched():
     assert (ratio < 1).all()
     with pytest.raises(Exception, match="span fewer dimensions"):
         _orthonormal_rows(np.vstack([basis[0], 2 * basis[0]]))
+
+
+def _outcomes_close(fast, naive):
+    """Per prompt: entropy, label log-probabilities, KL and the value readings at every layer, to 1e-5 relative."""
+    assert len(fast) == len(naive)
+    for a, b in zip(fast, naive):
+        for x, y in [(a.entropy, b.entropy), (a.label_logprobs, b.label_logprobs), (a.kl, b.kl)] + \
+                [(a.values[layer], b.values[layer]) for layer in b.values]:
+            if y is not None:
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=0)
+
+
+def _random_prompts(n_vocab=400, seed=0):
+    """Token-id prompts of mixed lengths (several share one, one is alone, some pass Mistral's window of 16)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(2, n_vocab, size=n).tolist() for n in (3, 3, 3, 7, 7, 12, 20, 20, 20, 20, 33, 40, 40, 5)]
+
+
+def test_fast_path_equals_naive_path(tiny):
+    """Every edit of a first and a last layer (the replayed prefix, stacked edits and the last block cut to the
+    final position) against a whole forward pass per edit: per prompt and in every row of the result."""
+    from interp_bayes.axis import fit_entropy_axis
+    from interp_bayes.extract import collect
+    from interp_bayes.interventions import OPS, make_op, resolve_edits
+    from interp_bayes.prefix import edited_runs
+
+    bridge, _, _ = tiny
+    prompts, labels = _random_prompts(), [5, 9]
+    acts = collect(bridge, prompts, layers=(0, 1), label_tokens=labels, progress=False)
+    axes = {layer: fit_entropy_axis(acts, layer, folds=0) for layer in (0, 1)}
+    layer_sets = [[0], [1], [0, 1]]
+    edits = [resolve_edits(bridge, {layer: make_op(op, axes[layer].direction, axes[layer].sigma) for layer in ls})
+             for ls in layer_sets for op in OPS]
+    _outcomes_close(*(edited_runs(bridge, prompts, edits, layers=[0, 1], label_tokens=labels, fast=fast)
+                      for fast in (True, False)))
+
+    rng = np.random.default_rng(1)
+    task = dict(k=rng.integers(0, 3, len(prompts)).tolist(), latent=rng.integers(0, 2, len(prompts)).tolist(),
+                bayes_entropy=rng.random(len(prompts)).tolist())
+    runs = [run_interventions(bridge, prompts, axes, {layer: acts.values(layer) for layer in (0, 1)}, task,
+                              label_tokens=labels, layer_sets=layer_sets, controls={"isotropic": 1, "matched": 1},
+                              fast=fast, progress=False) for fast in (True, False)]
+    fast, naive = (pd.DataFrame(r.rows) for r in runs)
+    pd.testing.assert_frame_equal(fast, naive, rtol=1e-5, atol=0)
+    assert runs[0].baseline == runs[1].baseline and runs[0].n_forward_prompts == runs[1].n_forward_prompts
+
+
+@pytest.mark.slow
+def test_fast_path_equals_naive_path_on_smollm2(smollm2):
+    """SmolLM2's 30 layers: a middle layer, five layers to the last, and the last alone, on SULA prompts."""
+    from interp_bayes.axis import fit_entropy_axis
+    from interp_bayes.extract import collect
+    from interp_bayes.interventions import make_op, resolve_edits
+    from interp_bayes.prefix import edited_runs
+    from interp_bayes.tasks.icl import SULATask
+
+    task = SULATask.for_tokenizer(smollm2.tokenizer, per_k=4)
+    prompts, labels = task.generate("main", seed=0)["text"], task.label_token_ids(smollm2.tokenizer)
+    layers = [10, 15, 20, 24, 29]
+    acts = collect(smollm2, prompts, layers=layers, label_tokens=labels, progress=False)
+    axes = {layer: fit_entropy_axis(acts, layer, folds=0) for layer in layers}
+    rng = np.random.default_rng(0)
+    edits = [resolve_edits(smollm2, {layer: make_op(op, axes[layer].direction if draw == 0 else
+                                                    torch.tensor(rng.standard_normal(192)), axes[layer].sigma)
+                                     for layer in ls})
+             for ls in ([15], layers, [29]) for op in ("cut", "shift+") for draw in range(2)]
+    _outcomes_close(*(edited_runs(smollm2, prompts, edits, layers=layers, label_tokens=labels, fast=fast)
+                      for fast in (True, False)))
+
+
+def test_control_families_are_one_registry():
+    """Counts per family select the draws: the same directions as the family's own function; an unknown family
+    is refused by name."""
+    from interp_bayes.errors import InterventionError
+    from interp_bayes.interventions import CONTROL_FAMILIES, control_directions
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 12)) * np.linspace(2, 0.5, 12)
+    u = np.eye(12)[4]
+    drawn = control_directions(x, u, {"isotropic": 3, "matched": 2, "pcs": 0}, layer=3, seed=7)
+    assert set(drawn) == {"isotropic", "matched"}
+    np.testing.assert_array_equal(drawn["isotropic"][0], isotropic_axes(u, 3, layer=3, seed=7))
+    np.testing.assert_array_equal(drawn["matched"][0], matched_axes(x, u, 2, layer=3, seed=7)[0])
+    assert drawn["isotropic"][1] is None and drawn["matched"][1].shape == (2,)
+    assert set(CONTROL_FAMILIES) == {"isotropic", "matched", "pcs"}
+    with pytest.raises(InterventionError, match="Unknown control family random; choose from isotropic"):
+        control_directions(x, u, {"random": 1}, layer=3, seed=7)

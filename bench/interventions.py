@@ -1,0 +1,173 @@
+"""Benchmark: run_interventions' fast path against the naive one (a whole forward pass per edit), side by side.
+
+Models: SmolLM2-135M (offline) and a random-init Llama-architecture model of about 0.5B parameters (24 layers,
+d_model 896, 14 query / 2 key-value heads, MLP 4864, vocabulary 151,936: Qwen2.5-0.5B's shape; the time does not
+depend on the weights). Protocol: the sweep's (``interp_bayes.sweep``): SULA prompts (per_k 50) split in halves by
+k, PC1 axes fitted per layer on one half, the 125 others evaluated; layer sets ``middle`` and ``spread5``; the four
+operators; value readings at every axis layer.
+
+Per layer set and repeat, alternating: the naive path on the true axis' four edits (``--naive-draws`` isotropic
+draws more), then the fast path on the edits of the default recipe (``--draws`` per control family, pcs 1).
+A naive run is a whole forward pass whatever the edit, so its time per run times (1 + edits) is what the naive path
+would take on the fast path's edits: the ratio fast / naive is taken on equal edit counts. The fast path's time
+per edit beyond its unperturbed run extrapolates to the full protocol (20 + 20 + 3 draws, both layer sets).
+Medians over repeats, with the ratio of every repeat, in wall-clock time and in this process's CPU time (the
+steadier of the two on a shared machine). One thread by default (``--threads``). ``--full`` instead times the
+whole protocol once on the fast path (20 + 20 + 3 draws, four operators, both layer sets), as a recipe would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+QWEN05_SHAPE = dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                    num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                    tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6)
+
+
+def llama_05b(tokenizer_folder: str, seed: int = 0):
+    """A random-init Llama-architecture bridge of Qwen2.5-0.5B's shape (about 494M parameters, float32), with the
+    tokenizer of ``tokenizer_folder``; built in memory (only its config is written, to a temporary folder)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformer_lens.model_bridge import TransformerBridge
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**QWEN05_SHAPE)
+    hf = LlamaForCausalLM(config).eval()
+    folder = Path(tempfile.mkdtemp(prefix="llama-05b-"))
+    config.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    tokenizer.save_pretrained(folder)
+    bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf, tokenizer=tokenizer, device="cpu")
+    return bridge.eval()
+
+
+def protocol(model, name: str, seed: int = 0) -> dict:
+    """The sweep's intervention protocol on SULA (``interventions_probe`` of interp_bayes.sweep): prompts, axes,
+    fit values, task columns, label ids and the two layer sets."""
+    from interp_bayes.axis import fit_entropy_axis
+    from interp_bayes.config import SweepConfig
+    from interp_bayes.sweep import Context, _sula, split_by_k, sula_task
+
+    ctx = Context(Path(tempfile.mkdtemp(prefix="bench-interventions-")), SweepConfig(model=name, seed=seed, quiet=True),
+                  lambda *_: None)
+    ctx._model = model
+    p = dict(per_k=50, seed=42, layers="spread5")
+    acts, cols = _sula(ctx, p, "main")
+    fit_idx, eval_idx = split_by_k(cols["k"], seed)
+    layer_sets = {spec: ctx.layers(spec) for spec in ("middle", "spread5")}
+    layers = sorted({x for s in layer_sets.values() for x in s})
+    axes = {layer: fit_entropy_axis(acts, layer, "pc1", subset=fit_idx, folds=0, seed=seed) for layer in layers}
+    return dict(prompts=[cols["text"][i] for i in eval_idx], axes=axes,
+                fit_values={layer: acts.values(layer)[fit_idx] for layer in layers},
+                task={k: [cols[k][i] for i in eval_idx] for k in ("k", "latent", "bayes_entropy")},
+                label_tokens=sula_task(ctx, p)[1]["main"], layer_sets=layer_sets)
+
+
+def bench_model(model, name: str, args) -> dict:
+    """Per layer set: median seconds per naive run, fast seconds for the recipe's edits, ratio and spread."""
+    from interp_bayes.interventions import OPS, run_interventions
+
+    t = time.perf_counter()
+    proto = protocol(model, name)
+    print(f"\n{name}: {model.cfg.n_layers} layers, d_model {model.cfg.d_model}; protocol set up in "
+          f"{time.perf_counter() - t:.0f}s ({len(proto['prompts'])} evaluation prompts)", flush=True)
+    recipe = {"isotropic": args.draws, "matched": args.draws, "pcs": 1}
+    n_fast = len(OPS) * (1 + sum(recipe.values()))
+    n_naive = len(OPS) * (1 + args.naive_draws)
+    common = dict(label_tokens=proto["label_tokens"], progress=False)
+
+    def timed(**kw) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"], **common, **kw)
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    out = {}
+    for spec, layer_set in proto["layer_sets"].items():
+        naive_run, fast, ratios = {"wall": [], "cpu": []}, {"wall": [], "cpu": []}, {"wall": [], "cpu": []}
+        for _ in range(args.repeats):
+            naive = timed(layer_sets=[layer_set], controls={"isotropic": args.naive_draws}, fast=False)
+            quick = timed(layer_sets=[layer_set], controls=recipe, fast=True)
+            for clock, n, f in zip(("wall", "cpu"), naive, quick):
+                naive_run[clock].append(n / (1 + n_naive))
+                fast[clock].append(f)
+                ratios[clock].append(f / (naive_run[clock][-1] * (1 + n_fast)))
+        out[spec] = {}
+        for clock in ("wall", "cpu"):
+            run, f = statistics.median(naive_run[clock]), statistics.median(fast[clock])
+            per_edit = (f - run) / n_fast  # the fast path's unperturbed run is one whole forward pass
+            out[spec][clock] = dict(naive_run=run, fast=f, per_edit=per_edit, ratio=statistics.median(ratios[clock]),
+                                    full=run + len(OPS) * 44 * per_edit)
+            print(f"  {spec:8s} {clock:4s} layers {layer_set}: naive {run:.2f}s per run (x{1 + n_fast} = "
+                  f"{run * (1 + n_fast):.0f}s) | fast {f:.0f}s for the unperturbed run + {n_fast} edits "
+                  f"({per_edit:.2f}s per edit) | fast/naive {out[spec][clock]['ratio']:.3f} (repeats "
+                  f"{', '.join(f'{r:.3f}' for r in ratios[clock])})", flush=True)
+    for clock in ("wall", "cpu"):
+        runs = [r[clock] for r in out.values()]
+        total = sum(r["fast"] for r in runs) / sum(r["naive_run"] * (1 + n_fast) for r in runs)
+        print(f"  {clock}: both layer sets, {n_fast} edits each: fast/naive {total:.3f}; full protocol (20+20+3 "
+              f"draws, 4 ops, both sets: {2 * len(OPS) * 44} edits) extrapolated: fast "
+              f"{sum(r['full'] for r in runs) / 60:.1f} min, naive "
+              f"{sum(r['naive_run'] for r in runs) * (1 + 2 * len(OPS) * 44) / 60:.1f} min", flush=True)
+    return out
+
+
+def time_full_protocol(model, name: str) -> None:
+    """The whole protocol once on the fast path (20 + 20 + 3 draws, four operators, both layer sets), beside two
+    naive runs for scale, as ``interventions_full`` would run it inside a sweep."""
+    from interp_bayes.interventions import FULL_CONTROLS, run_interventions, summarize
+
+    proto = protocol(model, name)
+    args = (model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"])
+    t = time.perf_counter()
+    run_interventions(*args, label_tokens=proto["label_tokens"], layer_sets=[proto["layer_sets"]["middle"]],
+                      controls={}, ops=["cut"], fast=False, progress=False)
+    naive_run = (time.perf_counter() - t) / 2
+    t = time.perf_counter()
+    result = run_interventions(*args, label_tokens=proto["label_tokens"], layer_sets=list(proto["layer_sets"].values()),
+                               controls=FULL_CONTROLS, fast=True)
+    summary = summarize(result, proto["task"])
+    seconds = time.perf_counter() - t
+    print(f"\n{name}: full protocol ({len(result.rows)} edits + the unperturbed run, summary included) on the fast "
+          f"path: {seconds:.0f}s = {seconds / 60:.1f} min; a naive run takes {naive_run:.2f}s here, so the naive path "
+          f"would take {naive_run * (1 + len(result.rows)) / 60:.1f} min ({len(summary)} summary rows)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "llama-0.5b"],
+                        help="smollm2-135m and/or llama-0.5b (random init)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--draws", type=int, default=3, help="isotropic and matched draws of the fast run (pcs: 1)")
+    parser.add_argument("--naive-draws", type=int, default=0, help="isotropic draws of the naive run")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--full", action="store_true", help="time the full protocol once instead (fast path only)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import interp_bayes as ib
+
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.repeats} repeats, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    smollm2 = ib.load_model("smollm2-135m")
+    for name in args.models:
+        model = smollm2 if name == "smollm2-135m" else llama_05b(ib.model_info(smollm2).source)
+        if args.full:
+            time_full_protocol(model, name)
+        else:
+            bench_model(model, name, args)
+        del model
+    print(f"load average at the end {os.getloadavg()[0]:.1f}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
