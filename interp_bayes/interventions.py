@@ -448,14 +448,13 @@ def plan_edits(model, axes: dict, fit_values: dict, *, layer_sets: list[list[int
 def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, *,
                       label_tokens: list[int], layer_sets: list[list[int]], ops=OPS,
                       controls: dict[str, int] | None = None, seed: int = 0, batch_size: int | None = None,
-                      fast: bool = True, progress: bool = True, n_isotropic: int | None = None,
-                      n_matched: int | None = None, n_pcs: int | None = None) -> InterventionResult:
+                      fast: bool = True, progress: bool = True) -> InterventionResult:
     """Edit the value axis of each layer set with each operator, for the true axes and every control draw.
 
     axes: layer -> EntropyAxis (fitted on other prompts: cross-fitting); fit_values: layer -> the values the axes
     were fitted on (for the matched and PC controls); task: columns ``k``, ``latent``, ``bayes_entropy`` of the
     evaluation ``prompts``; controls: control family (``CONTROL_FAMILIES``) -> number of draws, by default
-    ``FULL_CONTROLS`` (``n_isotropic``, ``n_matched``, ``n_pcs`` are the older spelling of the same counts).
+    ``FULL_CONTROLS``.
     Geometry is read at every axis layer from the values each run computes: at an edited layer it sees the edited
     values (nearly tautological after a cut, as in the paper), at later layers values computed downstream of the edit.
 
@@ -467,9 +466,7 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
 
     from .geometry import correlations
 
-    legacy = {fam: count for fam, count in (("isotropic", n_isotropic), ("matched", n_matched), ("pcs", n_pcs))
-              if count is not None}
-    controls = {**(controls if controls is not None else FULL_CONTROLS), **legacy}
+    controls = controls if controls is not None else FULL_CONTROLS
     layers = sorted(axes)
     true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
     plan, edits, drawn = plan_edits(model, axes, fit_values, layer_sets=layer_sets, ops=ops, controls=controls,

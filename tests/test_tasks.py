@@ -60,6 +60,27 @@ def test_bijection_with_replacement_is_a_delta_on_repeated_keys():
     torch.testing.assert_close(h[~repeated], torch.log2(5 - n_distinct_seen[~repeated].float()))
 
 
+def test_bijection_key_pool_keeps_the_exact_posterior():
+    V, pool = 12, 3
+    b = BijectionTask(n_symbols=V, replacement=True, key_pool=pool).sample(300, seed=6)
+    keys, L = b.input_ids[:, 0::2], b.labels.shape[1]
+    assert max(len(set(r.tolist())) for r in keys) == pool
+    assert len(set(keys.flatten().tolist())) == V  # a different pool per sequence
+    for q in range(L):  # a repeated key's value with certainty, else uniform over the values not yet shown
+        repeated = (keys[:, :q] == keys[:, q : q + 1]).any(1)
+        seen = torch.nn.functional.one_hot(b.labels[:, :q], V).sum(1) > 0 if q else torch.zeros(len(keys), V, dtype=bool)
+        expected = torch.where(repeated[:, None], torch.nn.functional.one_hot(b.labels[:, q], V).double(),
+                               (~seen).double() / (~seen).sum(1, keepdim=True))
+        torch.testing.assert_close(b.posterior[:, q].double(), expected)
+
+
+@pytest.mark.parametrize("kwargs", [dict(key_pool=3), dict(replacement=True, key_pool=0),
+                                    dict(replacement=True, key_pool=21)])
+def test_bijection_refuses_a_key_pool_it_cannot_draw(kwargs):
+    with pytest.raises(ValueError, match="key_pool"):
+        BijectionTask(n_symbols=20, **kwargs)
+
+
 @pytest.mark.parametrize("task", [BijectionTask(), HMMTask(), HMMTask(transitions="sticky", emissions="peaked")])
 def test_generation_is_reproducible_from_a_seed(task):
     a, b, c = task.sample(8, seed=7), task.sample(8, seed=7), task.sample(8, seed=8)

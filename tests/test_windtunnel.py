@@ -61,11 +61,13 @@ def test_mlp_sees_no_other_position():
     assert (diff[:, 5] > 0).all() and diff[:, :5].max() == 0 and diff[:, 6:].max() == 0
 
 
-def test_transformer_folder_boots_in_the_bridge_with_hooks(tmp_path):
-    cfg = make_config("hmm", "tiny")
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_transformer_folder_boots_in_the_bridge_with_hooks(tmp_path, positions):
+    cfg = make_config("hmm", "tiny", positions=positions)
     task = make_task(cfg)
     torch.manual_seed(0)
     hf = build_transformer(cfg, task).eval()
+    assert type(hf).__name__ == {"learned": "GPT2LMHeadModel", "rotary": "GPTNeoXForCausalLM"}[positions]
     save_folder(hf, cfg, task, tmp_path, {"step": 0})
     bridge = load_model(tmp_path)
     batch = task.sample(3, seed=1)
@@ -79,6 +81,12 @@ def test_transformer_folder_boots_in_the_bridge_with_hooks(tmp_path):
     # the read-out slice is the LM head over the state tokens, identical through bridge and HF
     torch.testing.assert_close(restricted_log_probs(bridge, batch, task.hypothesis_ids),
                                restricted_log_probs(eager, batch, task.hypothesis_ids), atol=1e-5, rtol=0)
+
+
+def test_unknown_positions_are_refused():
+    cfg = make_config("bijection", "tiny", positions="alibi")
+    with pytest.raises(ConfigError, match="positions"):
+        build_transformer(cfg, make_task(cfg))
 
 
 def test_training_drives_loss_well_below_uniform(tmp_path):

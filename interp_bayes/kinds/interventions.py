@@ -70,11 +70,11 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
     of ``p`` on the ``eval_idx`` prompts against the control axes, and return tidy rows (plus every run's measures
     as data, for the figures). ``columns`` are the nuisance covariates of every prompt, ``strata`` their strata."""
     from ..axis import fit_entropy_axis
-    from ..interventions import run_interventions, summarize
+    from ..interventions import CONTROL_FAMILIES, run_interventions, summarize
 
-    unknown = sorted(set(p.controls) - {"isotropic", "matched", "pcs"})
+    unknown = sorted(set(p.controls) - set(CONTROL_FAMILIES))
     if unknown:
-        raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: isotropic, matched, pcs.")
+        raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: {', '.join(CONTROL_FAMILIES)}.")
     layers = sorted({x for s in sets for x in s})
     control = {c: columns[c] for c in p.axis_control} if p.axis_control else None
     axes = {layer: fit_entropy_axis(acts, layer, p.method, subset=fit_idx, folds=0, seed=ctx.config.seed,
@@ -93,8 +93,7 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
     res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
                             {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
                             label_tokens=label_tokens, layer_sets=sets, ops=p.ops,
-                            n_isotropic=p.controls.get("isotropic", 0), n_matched=p.controls.get("matched", 0),
-                            n_pcs=p.controls.get("pcs", 0), seed=ctx.config.seed, batch_size=ctx.config.batch_size,
+                            controls=p.controls, seed=ctx.config.seed, batch_size=ctx.config.batch_size,
                             progress=not ctx.config.quiet)
     seconds = time.perf_counter() - t
     n = len(eval_idx)

@@ -4,6 +4,8 @@ Sequence (sep-vocab, methods.md §1.2 format 1): ``[k1, v1+V, k2, v2+V, ..., kL]
 V..2V-1. Every key position is a query: the next token there is the key's value, so the model is scored on its
 next-token distribution restricted to the V value tokens. Without replacement the exact posterior at the k-th key
 is uniform over the V-k+1 values not yet seen (entropy log2(V-k+1)); with replacement a repeated key gives a delta.
+The posterior depends only on the keys shown, not on how they were drawn, so a ``key_pool`` (keys with replacement
+from a few symbols per sequence, making repeats common) is a curriculum step under the same exact target.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ class BijectionTask:
 
     name = "bijection"
 
-    def __init__(self, n_symbols: int = 20, n_pairs: int | None = None, replacement: bool = False) -> None:
+    def __init__(self, n_symbols: int = 20, n_pairs: int | None = None, replacement: bool = False,
+                 key_pool: int | None = None) -> None:
+        """``key_pool``: with replacement, each sequence draws its keys from a random subset of this many symbols
+        (None: all ``n_symbols``)."""
         n_pairs = n_symbols if n_pairs is None else n_pairs
         if not replacement and n_pairs > n_symbols:
             raise ValueError(f"n_pairs={n_pairs} > n_symbols={n_symbols} needs replacement=True.")
-        self.n_symbols, self.n_pairs, self.replacement = n_symbols, n_pairs, replacement
+        if key_pool is not None and not (replacement and 1 <= key_pool <= n_symbols):
+            raise ValueError(f"key_pool={key_pool} needs replacement=True and 1 <= key_pool <= n_symbols={n_symbols}.")
+        self.n_symbols, self.n_pairs, self.replacement, self.key_pool = n_symbols, n_pairs, replacement, key_pool
 
     @property
     def vocab(self) -> list[str]:
@@ -56,7 +63,10 @@ class BijectionTask:
         """Draw ``n`` sequences of ``length`` pairs (default ``n_pairs``), a fresh bijection each."""
         rng, V, L = as_rng(seed), self.n_symbols, length or self.n_pairs
         perm = np.argsort(rng.random((n, V)), axis=1)  # [n, V] the latent bijection
-        if self.replacement:
+        if self.replacement and self.key_pool is not None:
+            pool = np.argsort(rng.random((n, V)), axis=1)[:, : self.key_pool]  # [n, pool] symbols per sequence
+            keys = np.take_along_axis(pool, rng.integers(0, self.key_pool, size=(n, L)), axis=1)
+        elif self.replacement:
             keys = rng.integers(0, V, size=(n, L))
         else:
             if L > V:

@@ -1,9 +1,12 @@
-"""Training configs, presets, tasks by name, and the two model families: an HF GPT-2 transformer and an MLP baseline.
+"""Training configs, presets, tasks by name, and the two model families: an HF transformer and an MLP baseline.
 
 The transformer is a plain ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU MLP, tied embeddings:
 the paper's architecture; absolute positions matter for the HMM, whose matrix entries are identified only by
-where they sit in the header), so ``ib.load_model(folder)`` boots it in TransformerBridge like any LLM. The MLP
-baseline has the same embeddings and read-out but no attention: each position sees only its own token and index.
+where they sit in the header), so ``ib.load_model(folder)`` boots it in TransformerBridge like any LLM. With
+``positions="rotary"`` it is a ``GPTNeoXForCausalLM`` of the same shape instead (GPT-2 with rotary positions on
+every head dimension in place of the position table), for tasks whose lookup is relative: the bijection with
+replacement must find an earlier copy of the current key, wherever it sits. The MLP baseline has the same
+embeddings and read-out but no attention: each position sees only its own token and index.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, GPT2Config
+from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
 
 from interp_bayes.errors import ConfigError
 from interp_bayes.tasks.bijection import BijectionTask
@@ -34,6 +37,7 @@ class TrainConfig:
     task: str = "bijection"
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     arch: str = "transformer"  # "transformer" | "mlp"
+    positions: str = "learned"  # transformer positions: "learned" (GPT-2) | "rotary" (GPT-NeoX of the same shape)
     n_layers: int = 2
     n_heads: int = 4
     d_model: int = 64
@@ -99,10 +103,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
                      eval_every=100, eval_n=128, log_every=10, checkpoints=[100]),
         # keys drawn with replacement: the exact entropy then varies at a fixed position (0 at a repeated key,
-        # log2 of the unseen values otherwise), so entropy and position can be told apart
+        # log2 of the unseen values otherwise), so entropy and position can be told apart. Rotary positions: with
+        # GPT-2's learned positions, or without the curriculum, the output stays uniform (loss ln 20) for
+        # thousands of steps.
+        # Curriculum: 8, 14, then 20 pairs, keys from 5 symbols per sequence (repeats common) for 900 steps.
         "cpu_replacement": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=4000, batch_size=128, lr=3e-3,
                                 warmup=200, weight_decay=0.01, loss="soft", task_kwargs=dict(replacement=True),
-                                checkpoints=[]),
+                                positions="rotary", length_schedule=[(0, 8), (400, 14), (600, 20)],
+                                task_curriculum=[(900, dict(replacement=True, key_pool=5))],
+                                checkpoints=[200, 1000]),
     },
     "hmm": {
         # Paper I HMM size per methods.md §1.5 (9 layers, 8 heads, d 256, d_ff 1024; the code's count, ~7.2M,
@@ -184,6 +193,21 @@ def gpt2_config(cfg: TrainConfig, task: BijectionTask | HMMTask) -> GPT2Config:
     )
 
 
+def neox_config(cfg: TrainConfig, task: BijectionTask | HMMTask) -> GPTNeoXConfig:
+    """The rotary variant: GPT-NeoX with GPT-2's choices (sequential residual, LayerNorm, GELU, biases, tied
+    embeddings, no dropout) and rotary positions on all of each head's dimensions instead of a position table."""
+    special = len(task.vocab)
+    return GPTNeoXConfig(
+        vocab_size=special + 1, max_position_embeddings=n_positions(cfg, task), hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
+        hidden_act="gelu", rotary_pct=1.0, use_parallel_residual=False, attention_dropout=0.0, hidden_dropout=0.0,
+        tie_word_embeddings=True, bos_token_id=special, eos_token_id=special, pad_token_id=special,
+    )
+
+
+POSITION_CONFIGS = {"learned": gpt2_config, "rotary": neox_config}
+
+
 class MLPBaseline(nn.Module):
     """Per-position residual MLP over token + position embeddings, tied read-out; no mixing across positions.
 
@@ -239,8 +263,11 @@ def n_params(model: nn.Module) -> int:
 
 
 def build_transformer(cfg: TrainConfig, task: BijectionTask | HMMTask) -> nn.Module:
-    """A freshly initialised GPT2LMHeadModel (SDPA attention for training speed; the bridge uses eager)."""
-    return AutoModelForCausalLM.from_config(gpt2_config(cfg, task), attn_implementation="sdpa")
+    """A freshly initialised GPT2LMHeadModel, or GPTNeoXForCausalLM with ``positions="rotary"`` (SDPA attention
+    for training speed; the bridge uses eager)."""
+    if cfg.positions not in POSITION_CONFIGS:
+        raise ConfigError(f"Unknown positions {cfg.positions!r}; use 'learned' (GPT-2) or 'rotary' (GPT-NeoX).")
+    return AutoModelForCausalLM.from_config(POSITION_CONFIGS[cfg.positions](cfg, task), attn_implementation="sdpa")
 
 
 def build_mlp(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> MLPBaseline:

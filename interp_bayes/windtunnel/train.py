@@ -177,7 +177,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``interp-bayes train TASK --preset P --out DIR``."""
     parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
     parser.add_argument("--preset", default="cpu",
-                        help="paper | cpu | tiny; for hmm also sticky-paper | sticky-cpu | sticky-tiny")
+                        help="paper | cpu | tiny; for bijection also cpu_replacement; for hmm also sticky-paper | "
+                             "sticky-cpu | sticky-tiny")
     parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
