@@ -187,13 +187,13 @@ def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[
 
 def _prepare(model, prompts, batch_size):
     """Token ids (the checkpoint's own tokenizer) and their length buckets; refuses models without the hooks."""
-    from .extract import _check_prompts, length_batches, tokenize
+    from .extract import check_prompts, length_batches, tokenize
 
     if SCALE_HOOK not in model.hook_dict:
         raise UnsupportedModelError(f"This model has no '{SCALE_HOOK}' hook (no final LayerNorm or RMSNorm); the "
                                     "final-norm analyses need one.")
     token_ids = tokenize(model, prompts)
-    _check_prompts(token_ids, prompts, model.cfg.n_ctx)
+    check_prompts(token_ids, prompts, model.cfg.n_ctx)
     if batch_size:
         return token_ids, list(length_batches(token_ids, batch_size))
     chunks = []  # equal-length buckets, cut to about TOKENS_PER_BATCH tokens each
