@@ -65,9 +65,15 @@ def run(ctx, p: DecodingParams) -> Result:
 
 def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     out = []
+    where = "" if p.task == "sula" else f"{p.task}: "
     for target, _ in TARGETS:
         for adjust in ("raw", "deconfounded"):
-            r2 = [r for r in select(rows, "decoding_r2", target=target, adjust=adjust) if np.isfinite(r.value)]
+            every = select(rows, "decoding_r2", target=target, adjust=adjust)
+            r2 = [r for r in every if np.isfinite(r.value)]
+            if every and not r2:  # e.g. the bijection's exact entropy given the query position
+                reasons = sorted({r.note for r in every if r.note})
+                out.append(Line(f"{where}decodable {target} ({adjust}): best held-out R²",
+                                f"undefined at every layer ({'; '.join(reasons)})"))
             if not r2:
                 continue
             best = max(r2, key=lambda r: r.value)
@@ -75,7 +81,7 @@ def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
                                             layer=best.scope["layer"], reading="v")), None)
             share_text = f"; the values' PC1 axis carries {share.value:.0%} of it at that layer" \
                 if share is not None and np.isfinite(share.value) else ""
-            out.append(Line(f"decodable {target} ({adjust}): best held-out R²",
+            out.append(Line(f"{where}decodable {target} ({adjust}): best held-out R²",
                             f"{best.value:.2f} ({best.scope['reading']} L{best.scope['layer']}; shuffled-target null "
                             f"up to {best.null_high:.2f}){share_text}", best.verdict()))
     return out

@@ -125,10 +125,12 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
 
 def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
     out = []
+    shown = "SULA" if p.task == "sula" else p.task
+    where = "" if p.task == "sula" else f"{p.task}: "  # the pool's lines keep their old labels
     top = sorted(select(rows, "neuron_rho"), key=lambda r: r.scope["rank"])
     if top:
         chance = find(rows, "null_space_chance_rho")
-        out.append(Line("entropy-neuron candidates: null-space fraction rho (rank: neuron rho)",
+        out.append(Line(f"{where}entropy-neuron candidates: null-space fraction rho (rank: neuron rho)",
                         "; ".join(f"{r.scope['neuron']}: {r.value:.3f}" for r in top)
                         + f" (all neurons 2.5-97.5%: {top[0].null_low:.3f}-{top[0].null_high:.3f}; chance "
                           f"{chance.value:.3f})", top[0].verdict()))
@@ -138,19 +140,16 @@ def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
     for effect, label in (("total", "total"), ("mediated", "norm-mediated")):
         r = find(rows, f"ablation_{effect}_{measure}_candidates_mean")
         if r is not None:
-            out.append(Line(f"entropy-neuron ablation, {label} effect on {what} ({unit}, mean of candidates)",
+            out.append(Line(f"{where}entropy-neuron ablation, {label} effect on {what} ({unit}, mean of candidates)",
                             f"{r.value:+.4f} (random neurons {r.null_low:+.4f}, {r.null_high:+.4f})",
                             r.verdict().replace("null", "random neurons")))
     r = find(rows, "axis_null_rho")
     if r is not None:
-        out.append(Line(f"value axis L{r.scope['layer']} in the unembedding's null space (rho)",
+        out.append(Line(f"{where}value axis L{r.scope['layer']} in the unembedding's null space (rho)",
                         f"{r.value:.3f} (random value directions {r.null_low:.3f}-{r.null_high:.3f}; {r.note})",
                         r.verdict()))
-    scale = select(rows, "corr_final_scale")
-    where = scale[0].scope["prompts"] if scale else "sula"
-    shown = "SULA" if where == "sula" else where
-    for target in dict.fromkeys(r.scope["target"] for r in scale):
-        text, claim = deconfounded_text(rows, "corr_final_scale", target=target, prompts=where)
+    for target in dict.fromkeys(r.scope["target"] for r in select(rows, "corr_final_scale")):
+        text, claim = deconfounded_text(rows, "corr_final_scale", target=target, prompts=p.task)
         if text:
             out.append(Line(f"final-norm scale vs {target.replace('_', ' ')} ({shown})", text, claim))
     for mechanism in ("entropy_neurons", "axis_cut"):
