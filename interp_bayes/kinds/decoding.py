@@ -12,6 +12,7 @@ reason)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def run(ctx, p: DecodingParams) -> Result:
 
 def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     out = []
-    where = "" if p.task == "sula" else f"{p.task}: "
+    where = "" if p.task == "sula" else f"{Path(p.task).name}: "
     for target, _ in TARGETS:
         for adjust in ("raw", "deconfounded"):
             every = select(rows, "decoding_r2", target=target, adjust=adjust)

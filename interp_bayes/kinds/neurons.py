@@ -15,6 +15,7 @@ neurons are sought, and the covariates include one indicator per query position 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,7 +65,7 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
         # trained over its hypotheses alone, a wind tunnel's full-vocabulary entropy is not its output: not reported
         return SimpleNamespace(model=wt.model, ablate=wt.prompts, acts=wt.acts, cols=wt.cols, prompts=wt.prompts,
                                labels=hyp, readout=hyp, texts=None, bayes=dict(bayes_entropy=wt.cols["bayes_entropy"]),
-                               reported=("label_entropy", "bayes_entropy"), name=p.task)
+                               reported=("label_entropy", "bayes_entropy"), name=Path(p.task).name)
     _, ds = pool(ctx, p.prompts)
     texts = list(ds["text"])
     chosen = sorted(np.random.default_rng(p.seed).choice(len(texts), min(p.n_prompts, len(texts)), replace=False))
@@ -125,8 +126,9 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
 
 def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
     out = []
-    shown = "SULA" if p.task == "sula" else p.task
-    where = "" if p.task == "sula" else f"{p.task}: "  # the pool's lines keep their old labels
+    name = Path(p.task).name  # a checkpoint's folder name
+    shown = "SULA" if p.task == "sula" else name
+    where = "" if p.task == "sula" else f"{name}: "  # the pool's lines keep their old labels
     top = sorted(select(rows, "neuron_rho"), key=lambda r: r.scope["rank"])
     if top:
         chance = find(rows, "null_space_chance_rho")
@@ -149,7 +151,7 @@ def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
                         f"{r.value:.3f} (random value directions {r.null_low:.3f}-{r.null_high:.3f}; {r.note})",
                         r.verdict()))
     for target in dict.fromkeys(r.scope["target"] for r in select(rows, "corr_final_scale")):
-        text, claim = deconfounded_text(rows, "corr_final_scale", target=target, prompts=p.task)
+        text, claim = deconfounded_text(rows, "corr_final_scale", target=target, prompts=name)
         if text:
             out.append(Line(f"final-norm scale vs {target.replace('_', ' ')} ({shown})", text, claim))
     for mechanism in ("entropy_neurons", "axis_cut"):
