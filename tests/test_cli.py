@@ -4,6 +4,7 @@ parameters checked, errors without tracebacks."""
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -170,7 +171,9 @@ def test_interrupted_run_has_a_report_and_resumes(tiny_dirs, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "interp_bayes.cli", "sweep", "--model", str(tiny_dirs["llama3"]), "--out",
            str(tmp_path / "runs"), "--prompts", "basic", "--quiet", "--probes", *probes]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # a shell's background job inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not list((tmp_path / "runs").glob("*/*/probes/mixed/stage.json")):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
