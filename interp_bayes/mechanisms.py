@@ -59,19 +59,21 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
 
 def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=None, n_perm: int = 1000,
                   seed: int = 0, batch_size: int | None = None, clean: dict | None = None, covariate_names=(),
-                  strata_name: str = "") -> dict:
+                  strata_name: str = "", targets: dict | None = None) -> dict:
     """Correlation of the final token's norm scale with its entropy (full vocabulary, and renormalised over
-    ``label_tokens`` when given): raw, and with ``covariates`` ([n, c]) the raw, partial and within-``strata``
-    correlations against a within-stratum permutation null (``confounds.deconfounded_correlation``)."""
+    ``label_tokens`` when given) and with any further per-prompt ``targets`` (name -> [n], e.g. the exact Bayes
+    entropy): raw, and with ``covariates`` ([n, c]) the raw, partial and within-``strata`` correlations against a
+    within-stratum permutation null (``confounds.deconfounded_correlation``)."""
     from .confounds import deconfounded_correlation
 
     clean = clean or final_norm_run(model, prompts, label_tokens=label_tokens, batch_size=batch_size, final_only=True)
     out = dict(n=len(clean["final_scale"]), scale_mean=float(clean["final_scale"].mean()),
                scale_sd=float(clean["final_scale"].std(ddof=1)))
-    targets = dict(entropy=clean["final_entropy"])
+    ys = dict(entropy=clean["final_entropy"])
     if label_tokens is not None:
-        targets["label_entropy"] = clean["label_entropy"]
-    for name, h in targets.items():
+        ys["label_entropy"] = clean["label_entropy"]
+    ys.update({name: as_float64(y) for name, y in (targets or {}).items()})
+    for name, h in ys.items():
         out[name] = dict(raw=correlations(clean["final_scale"], h))
         if covariates is not None:
             out[name]["deconfounded"] = deconfounded_correlation(

@@ -11,7 +11,8 @@ to every logit, so the unembedding is also centred over the vocabulary (C). The 
 U = P diag(g) W_U C ([d_model, vocab]); a residual write w changes the logits by U^T w / s. The null space is spanned
 by U's k = max(10, 1% of d_model) bottom left-singular directions (within the centred subspace for LayerNorm, whose
 all-ones direction the norm never sees). When the vocabulary is smaller than d_model (wind tunnels), U has an exact
-kernel and the null space is at least that kernel.
+kernel and the null space is at least that kernel. A model scored on a few tokens only (a wind tunnel's hypotheses)
+has U restricted to their columns (``tokens``): its null space is what leaves their distribution unchanged.
 
 Per neuron: ``norm`` = |P w_out|; ``rho`` = the fraction of |P w_out|^2 in the null space (a random direction has
 ``chance`` = k / effective dimension); ``null_norm`` = sqrt(rho) |P w_out| (the size of the write that changes the
@@ -72,9 +73,12 @@ def _effective(w: np.ndarray, centred: bool) -> np.ndarray:
     return w - w.mean(axis=-1, keepdims=True) if centred else w
 
 
-def _unembedding_columns(model, centred: bool, chunk: int = 8192):
-    """Yield (column slice, U[:, slice]) of the effective unembedding U = P diag(g) W_U C in float64 chunks."""
+def _unembedding_columns(model, centred: bool, chunk: int = 8192, tokens: Sequence[int] | None = None):
+    """Yield (column slice, U[:, slice]) of the effective unembedding U = P diag(g) W_U C in float64 chunks; with
+    ``tokens``, of those columns only (C then centres over them: a softmax over them ignores their common shift)."""
     w_u = model.W_U.detach()  # [d_model, vocab]
+    if tokens is not None:
+        w_u = w_u[:, list(tokens)]  # [d_model, len(tokens)]
     g = _norm_weight(model)[:, None]
     mu = as_float64(w_u.mean(dim=1, dtype=torch.float64))[:, None]  # vocabulary centring
     for start in range(0, w_u.shape[1], chunk):
@@ -119,14 +123,18 @@ class NullSpace:
                     else float("nan"))
 
 
-def unembedding_null_space(model, k: int | None = None) -> NullSpace:
+def unembedding_null_space(model, k: int | None = None, tokens: Sequence[int] | None = None) -> NullSpace:
     """The bottom-k singular directions of the effective unembedding (default k = max(10, 1% of d_model)),
-    enlarged to U's exact kernel when that is bigger; computed from the float64 Gram matrix U U^T."""
+    enlarged to U's exact kernel when that is bigger; computed from the float64 Gram matrix U U^T.
+
+    tokens: the readout the model is scored on, when it is not the whole vocabulary (a wind tunnel's hypothesis
+    tokens): U is then their columns alone, centred over them, and the null space is what leaves the distribution
+    over those tokens unchanged (its kernel is d_model - len(tokens) + 1 dimensions, or one fewer for LayerNorm)."""
     d = model.cfg.d_model
     k = k or max(10, math.ceil(0.01 * d))
     centred = _centred(model)
     gram, norm_gram, norm_sum, vocab = np.zeros((d, d)), np.zeros((d, d)), np.zeros(d), 0
-    for _, u in _unembedding_columns(model, centred):
+    for _, u in _unembedding_columns(model, centred, tokens=tokens):
         gram += u @ u.T
         un = u / np.maximum(np.linalg.norm(u, axis=0, keepdims=True), 1e-300)
         norm_gram += un @ un.T
@@ -172,6 +180,12 @@ def _quiet_scale_edits():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NATIVE_EDIT)
         yield
+
+
+def _label_entropy(label_logprobs: torch.Tensor) -> float:
+    """Entropy in bits (float64) of one prompt's renormalised label log-probabilities."""
+    lp = label_logprobs.double()
+    return float(-(lp.exp() * lp).sum() / LN2)
 
 
 def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[str, torch.Tensor]:
@@ -240,8 +254,7 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
                 out["loss"][i] = as_float64(stats["loss"][j])
                 out["scale"][i] = as_float64(seen["scale"][j, :, 0])
                 if labels is not None:
-                    lp = stats["label_logprobs"][j].double()
-                    out["label_entropy"][i] = float(-(lp.exp() * lp).sum() / LN2)
+                    out["label_entropy"][i] = _label_entropy(stats["label_logprobs"][j])
             out.setdefault("scale_tensors", []).append(seen["scale"].clone())
             if keep_head_inputs:
                 out.setdefault("head_inputs", []).append((seen["resid"].clone(), seen["post"].clone()))
@@ -279,11 +292,14 @@ class AblationEffects:
 
 @torch.no_grad()
 def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1, clean: dict | None = None,
-                     batch_size: int | None = None, progress: bool = True) -> AblationEffects:
+                     label_tokens: Sequence[int] | None = None, batch_size: int | None = None,
+                     progress: bool = True) -> AblationEffects:
     """Mean-ablate each neuron of ``neurons`` alone; per neuron and per prompt, the summed change of entropy over all
     positions, of the loss over positions with a next token and of the final position's entropy, for the ``total``
-    run and the ``direct`` run (final-norm scale frozen at its clean value). ``clean`` is ``final_norm_run``'s
-    output for the same prompts (computed when absent).
+    run and the ``direct`` run (final-norm scale frozen at its clean value); with ``label_tokens`` also ``label``,
+    the change of the final position's entropy renormalised over them (the distribution a wind tunnel is trained
+    and scored on). ``clean`` is ``final_norm_run``'s output for the same prompts and label tokens (computed when
+    absent).
 
     In the last layer the neuron writes straight into the final residual, so the ablated residual is the clean one
     plus (mean - activation) w_out and only the final norm and unembedding are rerun (full hooked passes check that
@@ -294,14 +310,18 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     idx = _layer(model, layer)
     last = idx == model.cfg.n_layers - 1
     if clean is None or (last and "head_inputs" not in clean):
-        clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size, keep_head_inputs=last)
+        clean = final_norm_run(model, prompts, layer=idx, label_tokens=label_tokens, batch_size=batch_size,
+                               keep_head_inputs=last)
+    if label_tokens is not None and np.isnan(clean["label_entropy"]).any():
+        raise ValueError("The clean run has no label entropy; pass the same label_tokens to final_norm_run.")
     token_ids, batches = clean["token_ids"], clean["batches"]
     device = next(model.parameters()).device
+    labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
+    metrics = ("entropy", "loss", "final") + (("label",) if labels is not None else ())
     means = torch.tensor(clean["means"], device=device)
     w_out = model.blocks[idx].mlp.W_out.detach()  # [d_mlp, d_model]
     n = len(token_ids)
-    out = {int(j): {f"{cond}_{m}": np.zeros(n) for cond in ("total", "direct") for m in ("entropy", "loss", "final")}
-           for j in neurons}
+    out = {int(j): {f"{cond}_{m}": np.zeros(n) for cond in ("total", "direct") for m in metrics} for j in neurons}
     head_only = last
     bar = tqdm(total=len(neurons) * len(batches), desc="ablations", disable=not progress)
     with _quiet_scale_edits():
@@ -324,12 +344,15 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                             logits = full
                     else:
                         logits = full
-                    stats = _batch_stats(logits, ids, None)
+                    stats = _batch_stats(logits, ids, labels)
                     for r, i in enumerate(b):
                         dh = as_float64(stats["entropy"][r]) - clean["entropy"][i]
                         out[int(j)][f"{cond}_entropy"][i] = dh.sum()
                         out[int(j)][f"{cond}_final"][i] = dh[-1]
                         out[int(j)][f"{cond}_loss"][i] = (as_float64(stats["loss"][r]) - clean["loss"][i]).sum()
+                        if labels is not None:
+                            out[int(j)][f"{cond}_label"][i] = (_label_entropy(stats["label_logprobs"][r])
+                                                               - clean["label_entropy"][i])
                 bar.update(1)
     bar.close()
     return AblationEffects(out, "head" if head_only else "full")
@@ -346,16 +369,17 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng) -> tuple[float
 
 
 def summarize_effects(effects: AblationEffects, clean: dict, *, n_boot: int = 1000, seed: int = 0) -> dict[int, dict]:
-    """Per neuron: mean change per token (entropy, loss) or per prompt (final entropy), total / direct / mediated,
-    with bootstrap intervals over prompts, and the fraction of the loss and entropy effect mediated by the norm,
+    """Per neuron: mean change per token (entropy, loss) or per prompt (final entropy, label entropy), total /
+    direct / mediated, with bootstrap intervals over prompts, and the fraction of each effect mediated by the norm,
     1 - |direct| / |total| (Stolfo et al.)."""
     rng = np.random.default_rng(seed)
     counts = dict(entropy=np.array([len(h) for h in clean["entropy"]], dtype=float),
-                  loss=np.array([len(x) for x in clean["loss"]], dtype=float), final=np.ones(len(clean["entropy"])))
+                  loss=np.array([len(x) for x in clean["loss"]], dtype=float), final=np.ones(len(clean["entropy"])),
+                  label=np.ones(len(clean["entropy"])))
     out = {}
     for j, e in effects.per_neuron.items():
         s = {}
-        for m in ("entropy", "loss", "final"):
+        for m in [m for m in counts if f"total_{m}" in e]:
             for cond in ("total", "direct"):
                 s[f"{cond}_{m}"], s[f"{cond}_{m}_ci"] = _ratio_ci(e[f"{cond}_{m}"], counts[m], n_boot, rng)
             s[f"mediated_{m}"], s[f"mediated_{m}_ci"] = _ratio_ci(e[f"total_{m}"] - e[f"direct_{m}"], counts[m],
@@ -372,6 +396,7 @@ def _percentile(values: np.ndarray, x: float) -> float:
 
 EFFECT_KEYS = ("total_entropy", "direct_entropy", "mediated_entropy", "total_loss", "direct_loss", "mediated_loss",
                "total_final", "direct_final", "mediated_final")
+LABEL_EFFECT_KEYS = ("total_label", "direct_label", "mediated_label")  # with label tokens
 
 
 @dataclass
@@ -402,7 +427,9 @@ class EntropyNeuronReport:
         """Tidy rows: the null space's chance rho, each candidate's rho and norm against the distribution over all
         neurons (2.5-97.5%), its ablation effects with bootstrap intervals, and the candidates' mean effects against
         the random neurons' range."""
-        unit = dict(entropy="bits per token", loss="bits per token", final="bits per prompt (final token)")
+        unit = dict(entropy="bits per token", loss="bits per token", final="bits per prompt (final token)",
+                    label="bits per prompt (final token, over the label tokens)")
+        keys = EFFECT_KEYS + (LABEL_EFFECT_KEYS if "total_label" in self.candidates[0]["effects"] else ())
         out = [Row("null_space_chance_rho", self.null_space["chance_rho"], "fraction of |w|^2", dict(layer=self.layer),
                    n=self.null_space["k"], note="the rho of a random direction: k / d_model")]
         for rank, c in enumerate(self.candidates, 1):
@@ -411,11 +438,11 @@ class EntropyNeuronReport:
                 d = self.distribution[score]
                 out.append(Row(f"neuron_{score}", c[score], u, dict(scope), null_low=d["q025"], null_high=d["q975"],
                                null="all neurons of the layer, 2.5-97.5%"))
-            for key in EFFECT_KEYS:
+            for key in keys:
                 e = c["effects"]
                 out.append(Row(f"ablation_{key}", e[key], unit[key.split("_")[1]], dict(scope), e[f"{key}_ci"][0],
                                e[f"{key}_ci"][1], "bootstrap 95%", n=self.n_prompts))
-        for key in EFFECT_KEYS:
+        for key in keys:
             g = self.group(key)
             out.append(Row(f"ablation_{key}_candidates_mean", g["candidates"], unit[key.split("_")[1]],
                            dict(layer=self.layer), null_low=g["random_range"][0], null_high=g["random_range"][1],
@@ -424,27 +451,28 @@ class EntropyNeuronReport:
 
 
 def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random: int = 5, null_dim: int | None = None,
-                    seed: int = 0, batch_size: int | None = None, n_boot: int = 1000,
-                    progress: bool = True) -> EntropyNeuronReport:
+                    null: NullSpace | None = None, label_tokens: Sequence[int] | None = None, seed: int = 0,
+                    batch_size: int | None = None, n_boot: int = 1000, progress: bool = True) -> EntropyNeuronReport:
     """Find and test entropy-neuron candidates in ``layer``'s MLP (default the last).
 
     Candidates are the ``top_n`` neurons with the largest null-space write sqrt(rho) |w_out|; each is mean-ablated
     alone on ``prompts`` (texts or token ids), as are ``n_random`` other neurons drawn with ``seed``, and the total,
-    direct (final-norm scale frozen) and norm-mediated effects on entropy and loss are reported with bootstrap
-    intervals over prompts. Works for LayerNorm and RMSNorm models alike.
+    direct (final-norm scale frozen) and norm-mediated effects on entropy and loss (and, with ``label_tokens``, on
+    the final position's entropy over them) are reported with bootstrap intervals over prompts. ``null``: the null
+    space to rank by (default ``unembedding_null_space(model, null_dim)``). Works for LayerNorm and RMSNorm models.
     """
     idx = _layer(model, layer)
-    null = unembedding_null_space(model, null_dim)
+    null = null or unembedding_null_space(model, null_dim)
     scores = neuron_scores(model, idx, null)
     order = np.argsort(-scores["null_norm"], kind="stable")
     cands = order[:top_n].tolist()
     rng = np.random.default_rng(seed)
     rest = np.setdiff1d(np.arange(len(order)), cands)
     rand = sorted(rng.choice(rest, size=min(n_random, len(rest)), replace=False).tolist())
-    clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size,
+    clean = final_norm_run(model, prompts, layer=idx, label_tokens=label_tokens, batch_size=batch_size,
                            keep_head_inputs=idx == model.cfg.n_layers - 1)
-    ablations = ablation_effects(model, prompts, cands + rand, layer=idx, clean=clean, batch_size=batch_size,
-                                 progress=progress)
+    ablations = ablation_effects(model, prompts, cands + rand, layer=idx, clean=clean, label_tokens=label_tokens,
+                                 batch_size=batch_size, progress=progress)
     effects = summarize_effects(ablations, clean, n_boot=n_boot, seed=seed)
 
     def describe(j: int) -> dict:

@@ -2,6 +2,7 @@
 parameters checked, errors without tracebacks."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -317,6 +318,44 @@ def test_windtunnel_probe_on_the_packaged_bijection_model(tiny_dirs, tmp_path):
     assert len(select(rows, "key_orthogonality")) == 2
     page = (run.folder / "report.html").read_text()
     assert "fig-windtunnel-calibration-wt" in page and "fig-windtunnel-geometry-wt" in page
+
+
+def test_rival_probes_on_the_wind_tunnels(tiny_dirs, tmp_path):
+    """The entropy-neuron and decoding kinds on packaged wind tunnels at toy sizes: each loads its checkpoint (the
+    sweep's model is never loaded), reads the hypotheses, resolves layers against the tunnel's depth, and reports
+    what the query position alone determines (the bijection's exact entropy) as inseparable / NaN with the reason."""
+    probes = write_probes(tmp_path / "p", {
+        "neurons_wt.yaml": dict(kind="entropy_neurons", task="bijection-cpu", n_sequences=4, top_n=2, n_random=2,
+                                n_boot=20, n_random_directions=10, n_perm=20),
+        "dec_wt.yaml": dict(kind="decoding", task="bijection-cpu", layers="all", readings=["resid", "v"],
+                            n_sequences=4, n_null=2, n_boot=20),
+        "dec_hmm.yaml": dict(kind="decoding", task="hmm-cpu", layers="all", readings=["v"], n_sequences=4, n_null=2,
+                             n_boot=20)})
+    run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), quiet=True,
+                                probes=probes))
+    rows = run.rows
+    assert not (run.folder / "model.json").exists()  # the sweep's own model was never loaded
+    assert find(rows, "null_space_chance_rho").value == pytest.approx(44 / 63)  # 20 hypotheses: kernel 63 - 19
+    total, direct, mediated = (find(rows, f"ablation_{e}_label", rank=1) for e in ("total", "direct", "mediated"))
+    assert total.value == pytest.approx(direct.value + mediated.value, abs=1e-12) and total.n == 4 * 20
+    assert {r.scope["target"] for r in select(rows, "corr_final_scale")} == {"label_entropy", "bayes_entropy"}
+    assert find(rows, "corr_final_scale", target="bayes_entropy", deconfounded="raw").value > 0.9
+    for kind in ("partial", "within"):
+        r = find(rows, "corr_final_scale", target="bayes_entropy", deconfounded=kind)
+        assert math.isnan(r.value) and r.note.endswith("claim inseparable")
+    dec = [r for r in select(rows, "decoding_r2") if r.probe == "dec_wt"]
+    assert {r.scope["layer"] for r in dec} == {0, 1}
+    assert find(dec, "decoding_r2", target="bayes latent", adjust="raw", reading="v", layer=1).value > 0.9
+    nan = find(dec, "decoding_r2", target="bayes latent", adjust="deconfounded", reading="v", layer=1)
+    assert math.isnan(nan.value) and nan.note == "the target is a function of the covariates"
+    assert math.isfinite(find(dec, "decoding_r2", target="model entropy", adjust="deconfounded", reading="v",
+                              layer=1).value)
+    hmm = [r for r in select(rows, "decoding_r2", target="bayes latent", adjust="deconfounded") if r.probe == "dec_hmm"]
+    assert {r.scope["layer"] for r in hmm} == {0, 1, 2}  # the HMM tunnel has 3 layers, the sweep's model 2
+    assert all(math.isfinite(r.value) for r in hmm)  # its exact entropy varies within a query position
+    labels = " ".join(line.label for line in run.summary())
+    assert "final-norm scale vs bayes entropy (bijection-cpu)" in labels
+    assert "total effect on label entropy at the final token" in labels
 
 
 def test_quiet_silences_every_bar(tiny_dirs, tmp_path):

@@ -70,10 +70,12 @@ def test_final_norm_readings_equal_the_cache_and_collect(tiny_dirs):
         _, cache = model.run_with_cache(torch.tensor([ids]), names_filter="ln_final.hook_scale")
         assert clean["final_scale"][i] == pytest.approx(float(cache["ln_final.hook_scale"][0, -1, 0]), rel=1e-6)
     k = np.array([1, 1, 2, 2, 3, 3])
+    bayes = np.array([1.0, 0.9, 0.5, 0.6, 0.2, 0.1])  # a further target, as a wind tunnel's exact entropy
     out = scale_entropy(model, TEXTS, label_tokens=labels, covariates=np.column_stack([k, list(map(len, clean["token_ids"]))]),
-                        strata=k, n_perm=50, clean=clean)
+                        strata=k, n_perm=50, clean=clean, targets=dict(bayes_entropy=bayes))
     assert out["entropy"]["raw"]["pearson"] == pytest.approx(np.corrcoef(clean["final_scale"],
                                                                          clean["final_entropy"])[0, 1])
+    assert out["bayes_entropy"]["raw"]["pearson"] == pytest.approx(np.corrcoef(clean["final_scale"], bayes)[0, 1])
     dec = out["label_entropy"]["deconfounded"]
     assert set(dec.values) == {"raw", "partial", "within"} and dec.n == out["n"] == len(TEXTS)
 

@@ -1,6 +1,7 @@
-"""Entropy neurons: the null space and scores against explicit SVDs and cosines, hooked total / direct / mediated
-effects against closed forms from cached activations (every family, float64: total = direct + mediated to 1e-6), a
-planted null-space neuron ranked first, and a planted token-frequency neuron found."""
+"""Entropy neurons: the null space and scores against explicit SVDs and cosines (the whole vocabulary, and a readout
+of a few tokens as a wind tunnel's), hooked total / direct / mediated effects against closed forms from cached
+activations (every family, float64: total = direct + mediated to 1e-6; entropy over label tokens too), a planted
+null-space neuron ranked first, and a planted token-frequency neuron found."""
 
 import math
 
@@ -13,6 +14,7 @@ from interp_bayes.neurons import (ablation_effects, entropy_neurons, final_norm_
 
 TEXTS = ["the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
          "The capital of France is Paris.", "a b c d e f g h"]
+LABELS = [5, 17, 30, 111]  # a readout of a few tokens, as a wind tunnel's hypotheses
 
 
 def load64(folder):
@@ -69,6 +71,23 @@ def test_null_space_and_scores_match_explicit_references(tiny64, family):
     np.testing.assert_allclose(scores["logit_var"], cos.var(axis=1), rtol=1e-8)
 
 
+def test_null_space_of_a_token_readout_is_the_kernel_of_their_columns(tiny64, family):
+    model = tiny64(family)
+    tokens = list(range(40, 60))  # 20 tokens, fewer than d_model = 64: an exact kernel, as in the bijection tunnel
+    null = unembedding_null_space(model, tokens=tokens)
+    norm = model.ln_final.original_component
+    w_u = model.original_model.get_output_embeddings().weight.detach().double().numpy().T[:, tokens]  # [d, 20]
+    u = norm.weight.detach().double().numpy()[:, None] * (w_u - w_u.mean(1, keepdims=True))  # centred over them
+    u = u - u.mean(0, keepdims=True) if null.centred else u
+    rank = np.linalg.matrix_rank(u)
+    assert rank == len(tokens) - 1  # the centring over the tokens removes one direction
+    assert null.exact_kernel == null.k == len(null.singular_values) - rank  # the whole kernel, nothing else
+    assert null.chance == null.k / (63 if null.centred else 64)
+    np.testing.assert_allclose(u.T @ null.basis, 0, atol=1e-8)  # invisible to the readout's logits
+    np.testing.assert_allclose(null.basis.T @ null.basis, np.eye(null.k), atol=1e-10)
+    assert unembedding_null_space(model).exact_kernel == 0  # the whole vocabulary (420 tokens) has none
+
+
 def closed_form_logits(model, x: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     """Logits from a final residual x [pos, d], with the norm scale recomputed (None) or the given one [pos]."""
     norm = model.ln_final.original_component
@@ -88,11 +107,18 @@ def entropy_and_loss(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, np
     return h, -logp[np.arange(len(ids) - 1), ids[1:]] / math.log(2)
 
 
+def label_entropy(logits: np.ndarray) -> float:
+    """Entropy (bits) of the final position's distribution renormalised over LABELS."""
+    z = logits[-1, LABELS] - logits[-1, LABELS].max()
+    p = np.exp(z) / np.exp(z).sum()
+    return float(-(p * np.log2(p)).sum())
+
+
 def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny64, family):
     model = tiny64(family)
     neurons = [3, 50, 101]
-    clean = final_norm_run(model, TEXTS)
-    ablations = ablation_effects(model, TEXTS, neurons, clean=clean, progress=False)
+    clean = final_norm_run(model, TEXTS, label_tokens=LABELS)
+    ablations = ablation_effects(model, TEXTS, neurons, clean=clean, label_tokens=LABELS, progress=False)
     assert ablations.path == "head"  # the last layer: only the head reruns, checked against a full pass
     effects = ablations.per_neuron
     w_out = model.blocks[-1].mlp.W_out.detach().double().numpy()
@@ -103,13 +129,18 @@ def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny64, family)
         x = cache["ln_final.hook_in"][0].double().numpy()
         s = cache["ln_final.hook_scale"][0, :, 0].double().numpy()
         a = cache["blocks.1.mlp.hook_post"][0].double().numpy()
-        h0, l0 = entropy_and_loss(closed_form_logits(model, x, None), ids)
+        logits0 = closed_form_logits(model, x, None)
+        h0, l0 = entropy_and_loss(logits0, ids)
         np.testing.assert_allclose(clean["entropy"][i], h0, atol=1e-9)
+        assert clean["label_entropy"][i] == pytest.approx(label_entropy(logits0), abs=1e-9)
         for j in neurons:
             xj = x + (clean["means"][j] - a[:, j])[:, None] * w_out[j]
-            h_tot, l_tot = entropy_and_loss(closed_form_logits(model, xj, None), ids)
-            h_dir, l_dir = entropy_and_loss(closed_form_logits(model, xj, s), ids)
+            logits_tot, logits_dir = closed_form_logits(model, xj, None), closed_form_logits(model, xj, s)
+            h_tot, l_tot = entropy_and_loss(logits_tot, ids)
+            h_dir, l_dir = entropy_and_loss(logits_dir, ids)
             e = effects[j]
+            assert e["total_label"][i] == pytest.approx(label_entropy(logits_tot) - label_entropy(logits0), abs=1e-9)
+            assert e["direct_label"][i] == pytest.approx(label_entropy(logits_dir) - label_entropy(logits0), abs=1e-9)
             assert e["total_entropy"][i] == pytest.approx((h_tot - h0).sum(), abs=1e-9)
             assert e["direct_entropy"][i] == pytest.approx((h_dir - h0).sum(), abs=1e-9)
             assert e["total_loss"][i] == pytest.approx((l_tot - l0).sum(), abs=1e-9)

@@ -1,27 +1,37 @@
 """Where is uncertainty decodable, layer by layer (after semantic-entropy probes, Kossen et al. 2024)? A cross-fitted
 ridge decoder of the model's entropy and of the exact Bayes entropy from the residual stream, the values and the
 attention output at each layer, raw and deconfounded (on position, length and k), beside the PC1 axis's held-out
-correlation at the same layer: how much of the decodable uncertainty one direction captures (docs/rivals.md)."""
+correlation at the same layer: how much of the decodable uncertainty one direction captures (docs/rivals.md).
+
+On SULA (``task: sula``) with the sweep's model; on a wind tunnel (``task: <checkpoint>``) with that checkpoint on
+its query prefixes (``windtunnel_prompts``), the layers resolved against its own depth, the entropy over its
+hypotheses, the exact posterior's entropy as the Bayes target and, by default, one indicator per query position among
+the covariates (the bijection's exact entropy is a function of position: its deconfounded R² is NaN, with that
+reason)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..results import Row, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import sula
+from .common import nuisance_matrix, sula
 
 
 @dataclass(frozen=True)
 class DecodingParams(Params):
+    task: str = "sula"  # "sula" (the sweep's model), or a wind-tunnel checkpoint (packaged name or folder)
     layers: tuple[int, ...] | str = "spread5"  # layers decoded from
     readings: tuple[str, ...] = ("resid", "v", "z")
-    per_k: int = 50
+    per_k: int = 50  # SULA: prompts per k
+    n_sequences: int = 40  # wind tunnel: sequences whose query prefixes are the prompts
     seed: int = 42
     covariates: tuple[str, ...] = ("length", "k", "log_k")
+    k_levels: bool | None = None  # also one indicator per k (removes every function of k); None: on a wind tunnel
     folds: int = 5
     n_null: int = 20  # shuffled-target decoders of the null
     n_boot: int = 1000
@@ -31,15 +41,20 @@ TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))
 
 
 def run(ctx, p: DecodingParams) -> Result:
-    from ..confounds import covariate_matrix, nuisance_columns
     from ..decoding import decoding_curve
 
-    layers = ctx.layers(p.layers)
-    acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
-    readings = ctx.activations("sula-main-readings", cols["text"], layers=layers, readings=p.readings,
-                               label_tokens=acts.meta["label_tokens"])
-    cov = covariate_matrix({c: v for c, v in nuisance_columns([len(t) for t in acts.token_ids],
-                                                              k=cols["k"]).items() if c in p.covariates})
+    if p.task == "sula":
+        layers = ctx.layers(p.layers)
+        acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
+        readings = ctx.activations("sula-main-readings", cols["text"], layers=layers, readings=p.readings,
+                                   label_tokens=acts.meta["label_tokens"])
+    else:
+        from .windtunnel import windtunnel_set
+
+        wt = windtunnel_set(ctx, p.task, p.n_sequences, p.seed, layers=p.layers, readings=p.readings)
+        readings, cols, layers = wt.acts, wt.cols, wt.layers
+    k_levels = p.task != "sula" if p.k_levels is None else p.k_levels
+    cov, _ = nuisance_matrix([len(t) for t in readings.token_ids], cols["k"], p.covariates, k_levels=k_levels)
     rows = []
     for name, column in TARGETS:
         curve = decoding_curve(readings, None if column is None else np.asarray(cols[column]), target_name=name,
@@ -51,9 +66,15 @@ def run(ctx, p: DecodingParams) -> Result:
 
 def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     out = []
+    where = "" if p.task == "sula" else f"{Path(p.task).name}: "
     for target, _ in TARGETS:
         for adjust in ("raw", "deconfounded"):
-            r2 = [r for r in select(rows, "decoding_r2", target=target, adjust=adjust) if np.isfinite(r.value)]
+            every = select(rows, "decoding_r2", target=target, adjust=adjust)
+            r2 = [r for r in every if np.isfinite(r.value)]
+            if every and not r2:  # e.g. the bijection's exact entropy given the query position
+                reasons = sorted({r.note for r in every if r.note})
+                out.append(Line(f"{where}decodable {target} ({adjust}): best held-out R²",
+                                f"undefined at every layer ({'; '.join(reasons)})"))
             if not r2:
                 continue
             best = max(r2, key=lambda r: r.value)
@@ -61,7 +82,7 @@ def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
                                             layer=best.scope["layer"], reading="v")), None)
             share_text = f"; the values' PC1 axis carries {share.value:.0%} of it at that layer" \
                 if share is not None and np.isfinite(share.value) else ""
-            out.append(Line(f"decodable {target} ({adjust}): best held-out R²",
+            out.append(Line(f"{where}decodable {target} ({adjust}): best held-out R²",
                             f"{best.value:.2f} ({best.scope['reading']} L{best.scope['layer']}; shuffled-target null "
                             f"up to {best.null_high:.2f}){share_text}", best.verdict()))
     return out

@@ -7,6 +7,7 @@ bijection wind tunnel (docs/rivals.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..results import Row, find, select
 from . import register
@@ -51,7 +52,7 @@ def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
             text = "; ".join(f"k={r.scope['k']}: {r.value:.4f} [{r.low:.4f}, {r.high:.4f}] vs exact "
                              f"[{r.null_low:.4f}, {r.null_high:.4f}]" for r in rs)
             above = [r for r in rs if r.verdict() == "above null"]
-            out.append(Line(f"{rs[0].scope['task']}: {label}", text,
+            out.append(Line(f"{Path(p.task).name}: {label}", text,
                             f"above the exact predictor at {len(above)} of {len(rs)} k" if rs else ""))
     return out
 

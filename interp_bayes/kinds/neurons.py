@@ -3,84 +3,122 @@ unembedding's effective null space and change entropy through the final norm's s
 mean ablations of the top candidates beside random neurons (total, direct with the norm frozen, norm-mediated),
 token-frequency neurons, the value axis's overlap with the null space against random value directions, the
 final-norm scale's correlation with entropy (raw and deconfounded), and optionally the two mechanisms ablated side by
-side on the in-context task (docs/rivals.md)."""
+side on the in-context task (docs/rivals.md).
+
+On SULA (``task: sula``) the model is the sweep's; on a wind tunnel (``task: <checkpoint>``) the checkpoint is loaded
+here and every part runs on its query prefixes (``windtunnel_prompts``). A wind tunnel is trained and scored over its
+hypothesis tokens alone (its other outputs are untrained), so they are the readout: the null space is that of their
+unembedding columns, the ablations also report the change of the entropy over them at the query, the scale is
+correlated with that entropy and with the exact Bayes entropy (not with the full vocabulary's), no token-frequency
+neurons are sought, and the covariates include one indicator per query position by default."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..results import Row, find, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, deconfounded_text, pool, sula, sula_task
+from .common import SULA_LAYERS, deconfounded_text, nuisance_matrix, pool, sula, sula_task
 
 
 @dataclass(frozen=True)
 class EntropyNeuronsParams(Params):
-    prompts: str | dict | None = None  # prompts the neurons are ablated on (None: the sweep's pool)
-    n_prompts: int = 96  # a seeded sample of them
+    task: str = "sula"  # "sula" (the sweep's model), or a wind-tunnel checkpoint (packaged name or folder)
+    prompts: str | dict | None = None  # SULA: prompts the neurons are ablated on (None: the sweep's pool)
+    n_prompts: int = 96  # SULA: a seeded sample of them
+    n_sequences: int = 40  # wind tunnel: sequences whose query prefixes are the prompts of every part
     layer: int = -1  # the MLP layer searched
     top_n: int = 5  # candidates ablated one by one
     n_random: int = 10  # random neurons of the same layer, ablated as the control
     n_boot: int = 1000
-    frequency_top_n: int = 10  # token-frequency neurons listed
+    frequency_top_n: int = 10  # token-frequency neurons listed (SULA)
     n_random_directions: int = 200  # random value directions of the null-space overlap null
-    per_k: int = 50  # the SULA prompts of the axis and of the scale-entropy correlation
+    per_k: int = 50  # SULA: the prompts of the axis and of the scale-entropy correlation
     seed: int = 42
     covariates: tuple[str, ...] = ("length", "k", "log_k")
+    k_levels: bool | None = None  # also one indicator per k (removes every function of k); None: on a wind tunnel
     n_perm: int = 1000
-    compare: bool = False  # also ablate both mechanisms side by side on SULA (slow: minutes on SmolLM2)
+    compare: bool = False  # also ablate both mechanisms side by side (slow on SmolLM2: minutes)
     n_controls: int = 5  # control draws of that comparison
+
+
+def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
+    """The model and prompts of each part: ``ablate`` (the ablations), ``acts``/``cols``/``prompts`` (the axis, the
+    scale correlation, the comparison), ``labels`` (their label tokens), ``readout`` (the tokens the null space and
+    the ablations' label entropy are over; None: the whole vocabulary), ``texts`` (the pool, for token frequency;
+    None on a wind tunnel), ``bayes`` (targets of the scale correlation beside the model's own: a wind tunnel's exact
+    entropy), ``reported`` (the scale correlation's targets reported) and ``name`` (the prompt set, a row scope)."""
+    if p.task != "sula":
+        from .windtunnel import windtunnel_set
+
+        if p.prompts is not None:
+            raise ConfigError("Parameter 'prompts' applies to task: sula; on a wind tunnel every part runs on its "
+                              "query prefixes (set n_sequences).")
+        wt = windtunnel_set(ctx, p.task, p.n_sequences, p.seed, layers=[-1])
+        hyp = wt.task.hypothesis_ids
+        # trained over its hypotheses alone, a wind tunnel's full-vocabulary entropy is not its output: not reported
+        return SimpleNamespace(model=wt.model, ablate=wt.prompts, acts=wt.acts, cols=wt.cols, prompts=wt.prompts,
+                               labels=hyp, readout=hyp, texts=None, bayes=dict(bayes_entropy=wt.cols["bayes_entropy"]),
+                               reported=("label_entropy", "bayes_entropy"), name=Path(p.task).name)
+    _, ds = pool(ctx, p.prompts)
+    texts = list(ds["text"])
+    chosen = sorted(np.random.default_rng(p.seed).choice(len(texts), min(p.n_prompts, len(texts)), replace=False))
+    acts, cols = sula(ctx, "main", p.per_k, p.seed, SULA_LAYERS)
+    _, ids = sula_task(ctx, p.per_k)
+    return SimpleNamespace(model=ctx.model, ablate=[texts[i] for i in chosen], acts=acts, cols=cols,
+                           prompts=cols["text"], labels=ids["main"], readout=None, texts=texts, bayes={},
+                           reported=("entropy", "label_entropy"), name="sula")
 
 
 def run(ctx, p: EntropyNeuronsParams) -> Result:
     from ..axis import fit_entropy_axis
-    from ..confounds import covariate_matrix, deconfounded_rows, nuisance_columns
+    from ..confounds import deconfounded_rows
     from ..mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
     from ..neurons import entropy_neurons, frequency_neurons, unembedding_null_space, unigram_counts
 
-    model = ctx.model
-    _, ds = pool(ctx, p.prompts)
-    texts = list(ds["text"])
-    chosen = sorted(np.random.default_rng(p.seed).choice(len(texts), min(p.n_prompts, len(texts)), replace=False))
-    sample = [texts[i] for i in chosen]
-    null = unembedding_null_space(model)
-    report = entropy_neurons(model, sample, layer=p.layer, top_n=p.top_n, n_random=p.n_random, seed=p.seed,
-                             batch_size=ctx.config.batch_size, n_boot=p.n_boot, progress=not ctx.config.quiet)
+    s = _prompt_sets(ctx, p)
+    model = s.model
+    null = unembedding_null_space(model, tokens=s.readout)
+    report = entropy_neurons(model, s.ablate, layer=p.layer, top_n=p.top_n, n_random=p.n_random, null=null,
+                             label_tokens=s.readout, seed=p.seed, batch_size=ctx.config.batch_size, n_boot=p.n_boot,
+                             progress=not ctx.config.quiet)
     rows = report.rows()
-    freq = frequency_neurons(model, unigram_counts(model, texts), layer=p.layer, top_n=p.frequency_top_n,
-                             seed=p.seed)
-    rows += [Row("frequency_r", t["r"], "Pearson r", dict(layer=freq["layer"], neuron=t["neuron"], rank=rank),
-                 null_low=freq["null_range"][0], null_high=freq["null_range"][1],
-                 null=f"{freq['n_random']} random directions", note=f"ceiling r {freq['ceiling_r']:.3f}")
-             for rank, t in enumerate(freq["top"], 1)]
-    acts, cols = sula(ctx, "main", p.per_k, p.seed, SULA_LAYERS)
-    axis = fit_entropy_axis(acts, -1, "pc1", folds=0, seed=ctx.config.seed)
+    if s.texts is not None:
+        freq = frequency_neurons(model, unigram_counts(model, s.texts), layer=p.layer, top_n=p.frequency_top_n,
+                                 seed=p.seed)
+        rows += [Row("frequency_r", t["r"], "Pearson r", dict(layer=freq["layer"], neuron=t["neuron"], rank=rank),
+                     null_low=freq["null_range"][0], null_high=freq["null_range"][1],
+                     null=f"{freq['n_random']} random directions", note=f"ceiling r {freq['ceiling_r']:.3f}")
+                 for rank, t in enumerate(freq["top"], 1)]
+    axis = fit_entropy_axis(s.acts, -1, "pc1", folds=0, seed=ctx.config.seed)
     overlap = axis_null_overlap(model, axis.direction, axis.layer, null=null, n_random=p.n_random_directions,
                                 seed=p.seed)
     rows.append(Row("axis_null_rho", overlap["rho"], "fraction of |r|^2", dict(layer=overlap["layer"]),
                     null_low=overlap["random_range"][0], null_high=overlap["random_range"][1],
                     null=f"{overlap['n_random']} random value directions",
                     note=f"percentile {overlap['percentile']:.3f}; chance {overlap['chance_rho']:.4f}"))
-    _, ids = sula_task(ctx, p.per_k)
-    k = np.array(cols["k"])
-    cov = covariate_matrix({c: v for c, v in nuisance_columns([len(t) for t in acts.token_ids], k=k).items()
-                            if c in p.covariates})
-    scale = scale_entropy(model, cols["text"], label_tokens=ids["main"], covariates=cov, strata=k, n_perm=p.n_perm,
-                          seed=p.seed, batch_size=ctx.config.batch_size, covariate_names=p.covariates,
-                          strata_name="k")
-    for target in ("entropy", "label_entropy"):
+    k = np.array(s.cols["k"])
+    k_levels = p.task != "sula" if p.k_levels is None else p.k_levels
+    cov, names = nuisance_matrix([len(t) for t in s.acts.token_ids], k, p.covariates, k_levels=k_levels)
+    scale = scale_entropy(model, s.prompts, label_tokens=s.labels, covariates=cov, strata=k, n_perm=p.n_perm,
+                          seed=p.seed, batch_size=ctx.config.batch_size, covariate_names=names, strata_name="k",
+                          targets=s.bayes)
+    for target in s.reported:
         rows += deconfounded_rows(scale[target]["deconfounded"], "corr_final_scale", dict(target=target,
-                                                                                           prompts="sula"))
+                                                                                           prompts=s.name))
     data = dict(rho=report.scores.get("rho"), norm=report.scores.get("norm"),
                 candidates=[c["neuron"] for c in report.candidates], null_dim=null.k)
     if p.compare:
         neurons = [c["neuron"] for c in report.candidates]
-        task = dict(k=cols["k"], latent=cols["latent"], bayes_entropy=cols["bayes_entropy"])
-        cmp = compare_mechanisms(model, cols["text"], neurons=neurons, axis=axis, neuron_layer=p.layer, task=task,
-                                 label_tokens=ids["main"], n_controls=p.n_controls, seed=p.seed,
+        task = dict(k=s.cols["k"], latent=s.cols["latent"], bayes_entropy=s.cols["bayes_entropy"])
+        cmp = compare_mechanisms(model, s.prompts, neurons=neurons, axis=axis, neuron_layer=p.layer, task=task,
+                                 label_tokens=s.labels, n_controls=p.n_controls, seed=p.seed,
                                  batch_size=ctx.config.batch_size, progress=not ctx.config.quiet)
         rows += cmp.rows()
     return Result(rows, data)
@@ -88,33 +126,38 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
 
 def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
     out = []
+    name = Path(p.task).name  # a checkpoint's folder name
+    shown = "SULA" if p.task == "sula" else name
+    where = "" if p.task == "sula" else f"{name}: "  # the pool's lines keep their old labels
     top = sorted(select(rows, "neuron_rho"), key=lambda r: r.scope["rank"])
     if top:
         chance = find(rows, "null_space_chance_rho")
-        out.append(Line("entropy-neuron candidates: null-space fraction rho (rank: neuron rho)",
+        out.append(Line(f"{where}entropy-neuron candidates: null-space fraction rho (rank: neuron rho)",
                         "; ".join(f"{r.scope['neuron']}: {r.value:.3f}" for r in top)
                         + f" (all neurons 2.5-97.5%: {top[0].null_low:.3f}-{top[0].null_high:.3f}; chance "
                           f"{chance.value:.3f})", top[0].verdict()))
-    for key, label in (("ablation_total_entropy_candidates_mean", "total"),
-                       ("ablation_mediated_entropy_candidates_mean", "norm-mediated")):
-        r = find(rows, key)
+    measure, what, unit = (("label", "label entropy at the final token", "bits/prompt")  # a wind tunnel's readout
+                           if find(rows, "ablation_total_label_candidates_mean") is not None else
+                           ("entropy", "entropy", "bits/token"))
+    for effect, label in (("total", "total"), ("mediated", "norm-mediated")):
+        r = find(rows, f"ablation_{effect}_{measure}_candidates_mean")
         if r is not None:
-            out.append(Line(f"entropy-neuron ablation, {label} effect on entropy (bits/token, mean of candidates)",
+            out.append(Line(f"{where}entropy-neuron ablation, {label} effect on {what} ({unit}, mean of candidates)",
                             f"{r.value:+.4f} (random neurons {r.null_low:+.4f}, {r.null_high:+.4f})",
                             r.verdict().replace("null", "random neurons")))
     r = find(rows, "axis_null_rho")
     if r is not None:
-        out.append(Line(f"value axis L{r.scope['layer']} in the unembedding's null space (rho)",
+        out.append(Line(f"{where}value axis L{r.scope['layer']} in the unembedding's null space (rho)",
                         f"{r.value:.3f} (random value directions {r.null_low:.3f}-{r.null_high:.3f}; {r.note})",
                         r.verdict()))
-    for target in ("entropy", "label_entropy"):
-        text, claim = deconfounded_text(rows, "corr_final_scale", target=target, prompts="sula")
+    for target in dict.fromkeys(r.scope["target"] for r in select(rows, "corr_final_scale")):
+        text, claim = deconfounded_text(rows, "corr_final_scale", target=target, prompts=name)
         if text:
-            out.append(Line(f"final-norm scale vs {target.replace('_', ' ')} (SULA)", text, claim))
+            out.append(Line(f"final-norm scale vs {target.replace('_', ' ')} ({shown})", text, claim))
     for mechanism in ("entropy_neurons", "axis_cut"):
         r = find(rows, "d_entropy", mechanism=mechanism)
         if r is not None:
-            out.append(Line(f"SULA: {mechanism.replace('_', ' ')} ablation, change in label entropy (bits)",
+            out.append(Line(f"{shown}: {mechanism.replace('_', ' ')} ablation, change in label entropy (bits)",
                             f"{r.value:+.4f} (controls {r.null_low:+.4f}, {r.null_high:+.4f})",
                             r.verdict().replace("null", "controls")))
     return out

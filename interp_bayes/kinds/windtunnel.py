@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,11 +77,32 @@ def load_windtunnel_task(name: str):
     return load_model(folder), _task_of(folder)
 
 
-def _load(p: WindtunnelParams):
-    from ..models import load_model, model_identity
+@dataclass
+class WindtunnelSet:
+    """A wind-tunnel checkpoint's query prefixes as a probe's prompt set (``windtunnel_set``)."""
 
-    folder = checkpoint_folder(p.checkpoint)
-    return folder, _task_of(folder), (lambda: load_model(folder)), model_identity(folder)
+    model: Any  # the checkpoint's bridge
+    task: Any
+    prompts: list[list[int]]  # token ids, one prompt per (sequence, query)
+    cols: dict  # windtunnel_prompts's columns: k, latent, bayes_entropy, sequence
+    acts: Any  # Activations at ``layers``; entropy renormalised over the task's hypotheses
+    layers: list[int]
+
+
+def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers, readings=("v",)) -> WindtunnelSet:
+    """The bridge, the task, the prompts of ``n_sequences`` sequences (``windtunnel_prompts``) and their
+    activations at ``layers`` (a layer parameter resolved against the checkpoint's own depth; None: the sweep's
+    ``layers``), from the run folder's cache, with the task's hypothesis tokens as the label tokens."""
+    from ..models import model_identity
+    from ..sweep import resolve_layers
+
+    folder = checkpoint_folder(checkpoint)
+    model, task = load_windtunnel_task(checkpoint)
+    prompts, cols = windtunnel_prompts(task, n_sequences, seed)
+    idx = resolve_layers(layers, model.cfg.n_layers, ctx.config.layers)
+    acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=model_identity(folder),
+                           layers=idx, readings=readings, label_tokens=task.hypothesis_ids)
+    return WindtunnelSet(model, task, prompts, cols, acts, idx)
 
 
 def run(ctx, p: WindtunnelParams) -> Result:
@@ -89,12 +111,9 @@ def run(ctx, p: WindtunnelParams) -> Result:
     from ..confounds import nuisance_columns
     from ..geometry import attention_focusing, key_orthogonality, key_orthogonality_null, manifold_report
 
-    folder, task, load, identity = _load(p)
-    model = load()
-    prompts, cols = windtunnel_prompts(task, p.n_sequences, p.seed)
+    wt = windtunnel_set(ctx, p.checkpoint, p.n_sequences, p.seed, layers="all", readings=("v", "attn_entropy"))
+    model, task, prompts, cols, acts = wt.model, wt.task, wt.prompts, wt.cols, wt.acts
     n = model.cfg.n_layers
-    acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=identity,
-                           layers=list(range(n)), readings=("v", "attn_entropy"), label_tokens=task.hypothesis_ids)
     bayes, k = np.array(cols["bayes_entropy"]), np.array(cols["k"])
     columns = nuisance_columns([len(t) for t in prompts], position=k)
     rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, groups=cols["k"]), dict(condition="windtunnel"))
@@ -140,7 +159,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
 def plan(ctx, p: WindtunnelParams) -> list:
     from ..sweep import PlanItem
 
-    folder, task, _, identity = _load(p)
+    task = _task_of(checkpoint_folder(p.checkpoint))
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
     return [PlanItem("windtunnel", f"wind tunnel {p.checkpoint}: {len(prompts)} prompts and the intervention "
                      "protocol (a small model: seconds)", None, len(prompts))]
