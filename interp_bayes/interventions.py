@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .errors import InterventionError
-from .geometry import as_float64, pca
+from .geometry import as_float64, bootstrap_over_prompts, pca
 from .prefix import HOOK_V, EditedRun, edited_runs
 
 SITES = {"v": HOOK_V,  # [batch, pos, n_kv_heads, d_head]
@@ -508,7 +508,6 @@ def summarize(result: InterventionResult, task: dict, *,
     bayes, k = np.asarray(task["bayes_entropy"]), np.asarray(task["k"])
     base_h = np.asarray(base["entropy"])
     pos = np.flatnonzero(k >= 1)
-    rng = np.random.default_rng(seed)
     layers = sorted(int(key[len("geom_L"):]) for key in base if key.startswith("geom_L"))
 
     def base_metric(metric: str, layer_set: str) -> float:
@@ -533,10 +532,8 @@ def summarize(result: InterventionResult, task: dict, *,
                 entry[f"{fam}_n"] = int(len(eff))
             if metric == "mae_k_ge_1":
                 h = result.true_entropy[(layer_set, op)]
-                boots = []
-                for _ in range(n_boot):
-                    idx = pos[rng.integers(0, len(pos), len(pos))]
-                    boots.append(np.abs(h[idx] - bayes[idx]).mean() - np.abs(base_h[idx] - bayes[idx]).mean())
-                entry["true_effect_ci"] = [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))]
+                err = np.abs(h[pos] - bayes[pos]) - np.abs(base_h[pos] - bayes[pos])  # per prompt, paired
+                _, low, high = bootstrap_over_prompts(lambda idx: err[idx].mean(), len(pos), n_boot=n_boot, seed=seed)
+                entry["true_effect_ci"] = [float(low[0]), float(high[0])]
             out.append(entry)
     return out
