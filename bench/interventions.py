@@ -53,17 +53,18 @@ def llama_05b(tokenizer_folder: str, seed: int = 0):
 
 
 def protocol(model, name: str, seed: int = 0) -> dict:
-    """The sweep's intervention protocol on SULA (``interventions_probe`` of interp_bayes.sweep): prompts, axes,
-    fit values, task columns, label ids and the two layer sets."""
+    """The sweep's intervention protocol on SULA (the ``interventions`` kind): prompts, axes, fit values, task
+    columns, label ids and the two layer sets."""
     from interp_bayes.axis import fit_entropy_axis
     from interp_bayes.config import SweepConfig
-    from interp_bayes.sweep import Context, _sula, split_by_k, sula_task
+    from interp_bayes.kinds.common import sula, sula_task
+    from interp_bayes.kinds.interventions import split_by_k
+    from interp_bayes.sweep import Context
 
     ctx = Context(Path(tempfile.mkdtemp(prefix="bench-interventions-")), SweepConfig(model=name, seed=seed, quiet=True),
-                  lambda *_: None)
-    ctx._model = model
-    p = dict(per_k=50, seed=42, layers="spread5")
-    acts, cols = _sula(ctx, p, "main")
+                  lambda *_: None, model=model)
+    per_k, task_seed = 50, 42
+    acts, cols = sula(ctx, "main", per_k, task_seed, "spread5")
     fit_idx, eval_idx = split_by_k(cols["k"], seed)
     layer_sets = {spec: ctx.layers(spec) for spec in ("middle", "spread5")}
     layers = sorted({x for s in layer_sets.values() for x in s})
@@ -71,7 +72,7 @@ def protocol(model, name: str, seed: int = 0) -> dict:
     return dict(prompts=[cols["text"][i] for i in eval_idx], axes=axes,
                 fit_values={layer: acts.values(layer)[fit_idx] for layer in layers},
                 task={k: [cols[k][i] for i in eval_idx] for k in ("k", "latent", "bayes_entropy")},
-                label_tokens=sula_task(ctx, p)[1]["main"], layer_sets=layer_sets)
+                label_tokens=sula_task(ctx, per_k)[1]["main"], layer_sets=layer_sets)
 
 
 def bench_model(model, name: str, args) -> dict:

@@ -16,7 +16,7 @@ _EXPORTS = {
     "decoding": ["DecodingCurve", "decoding_curve"],
     "errors": ["AxisError", "ConfigError", "GridError", "InterpBayesError", "InterventionError", "ModelLoadError",
                "ModelNotFoundError", "NonFiniteActivationError", "PromptError", "UnsupportedModelError"],
-    "extract": ["Activations", "collect", "entropy_bits"],
+    "extract": ["Activations", "collect", "logit_entropy_bits"],
     "grid": ["Grid", "GridRun", "run_grid"],
     "geometry": ["attention_focusing", "key_orthogonality", "manifold_report", "manifold_summary", "pca",
                  "participation_ratio"],

@@ -150,7 +150,7 @@ class Activations:
         return cls(dict(readings), entropy, token_ids, meta, label_logprobs, next_token)
 
 
-def entropy_bits(logits: torch.Tensor) -> torch.Tensor:
+def logit_entropy_bits(logits: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in bits of softmax(logits) over the last axis, computed from float32 log_softmax."""
     return _bits(torch.log_softmax(logits.float(), dim=-1))
 

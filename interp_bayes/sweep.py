@@ -154,7 +154,9 @@ class Context:
         return self._identity
 
     def n_layers(self) -> int:
-        """The model's depth, from ``model.json`` or its config (no weights loaded)."""
+        """The model's depth: from the loaded model, else ``model.json`` or its config (no weights loaded)."""
+        if self._model is not None:
+            return self._model.cfg.n_layers
         meta = self.folder / "model.json"
         if meta.exists():
             return read_json(meta)["n_layers"]

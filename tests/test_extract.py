@@ -5,7 +5,7 @@ import math
 import torch
 
 from conftest import load_hf
-from interp_bayes.extract import Activations, collect, entropy_bits, length_batches
+from interp_bayes.extract import Activations, collect, length_batches, logit_entropy_bits
 
 PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning with induction heads",
            "the cat sat", "hello world", "a b c d e f g", "def f(x): return x + 1", "the mat"]
@@ -84,7 +84,7 @@ def test_token_id_prompts_and_save_load_round_trip(tiny, tmp_path):
 
 
 def test_entropy_bits_of_uniform():
-    assert abs(entropy_bits(torch.zeros(1024)).item() - 10.0) < 1e-5
+    assert abs(logit_entropy_bits(torch.zeros(1024)).item() - 10.0) < 1e-5
 
 
 def test_activations_render_in_notebooks(tiny):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,7 +30,6 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from interp_bayes.errors import ConfigError
 from interp_bayes.geometry import CI_LEVEL, as_float64
@@ -244,56 +242,32 @@ def train_kalman(
     """Train a Kalman wind-tunnel model (``arch="mlp"`` for the capacity-matched baseline); the folder layout,
     schedule and logs are those of ``train_windtunnel``, which dispatches here for ``task="kalman"``."""
     from interp_bayes.windtunnel.configs import build_model, make_config, make_task, n_params
-    from interp_bayes.windtunnel.train import length_at, make_optimizer, save_folder
+    from interp_bayes.windtunnel.train import fit, length_at, save_folder
 
     cfg = make_config("kalman", preset, seed=seed, **overrides)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    data_rng = np.random.default_rng([cfg.seed, 1])
     task = make_task(cfg)
     model = build_model(cfg, task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.train()
     if not quiet:
         print(f"kalman/{preset} {cfg.arch}: {n_params(model):,} parameters")
-    opt, sched = make_optimizer(model, cfg)
     eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
-    ckpts = set(cfg.checkpoint_steps())
-    start = time.perf_counter()
-    log = (out / "metrics.jsonl").open("w")
-    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"kalman/{cfg.arch}")
-    for step in bar:
-        if step in ckpts:
-            save_folder(model, cfg, task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
-        batch = task.sample(cfg.batch_size, seed=data_rng, length=length_at(step, cfg))
-        loss = kalman_loss(*predict_gaussian(model, task, batch), batch, cfg.loss)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"kalman training loss is {loss.item()} at step {step}; lower lr or raise warmup.")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
-        opt.step()
-        sched.step()
-        last = step == cfg.steps - 1
-        if step % cfg.log_every == 0 or last:
-            rec = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
-                   "length": batch.obs.shape[1], "elapsed_s": round(time.perf_counter() - start, 2)}
-            if step % cfg.eval_every == 0 or last:
-                with torch.no_grad():
-                    model.eval()
-                    mean, chol = predict_gaussian(model, task, eval_batch)
-                    ev = summarise(step_metrics(eval_batch.mean, eval_batch.cov, mean, chol @ chol.mT))
-                    model.train()
-                rec |= {k: v for k, v in ev.items() if k != "per_position"}
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", kl=f"{rec['kl_bits']:.4f}")
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-    log.close()
-    wall = time.perf_counter() - start
+
+    def evaluate() -> dict:
+        mean, chol = predict_gaussian(model, task, eval_batch)
+        return summarise(step_metrics(eval_batch.mean, eval_batch.cov, mean, chol @ chol.mT))
+
+    wall, cpu = fit(
+        model, cfg, task, out, quiet=quiet, evaluate=evaluate, length=lambda batch: batch.obs.shape[1],
+        sample=lambda step, rng: task.sample(cfg.batch_size, seed=rng, length=length_at(step, cfg)),
+        step_loss=lambda batch: kalman_loss(*predict_gaussian(model, task, batch), batch, cfg.loss),
+        postfix=("kl", "kl_bits"))
     model.eval()
     final = evaluate_kalman(model, task)
-    save_folder(model, cfg, task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "preset": preset,
-                                        "eval": final, "torch_threads": torch.get_num_threads()})
+    save_folder(model, cfg, task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1),
+                                        "preset": preset, "eval": final, "torch_threads": torch.get_num_threads()})
     if not quiet:
         summary = {k: v for k, v in final[task.n_steps].items() if k not in ("per_position", "windows", "target")}
         print(f"done in {wall:.0f} s; eval: {json.dumps(summary)}; target met: {final[task.n_steps]['target']['met']}")

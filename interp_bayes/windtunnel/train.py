@@ -17,7 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -85,18 +85,66 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Adam
                                                             num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_frac)
 
 
+def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, sched: Any, loss: torch.Tensor, clip: float) -> float:
+    """Backward, clip, step the optimiser and the schedule; returns the gradient norm before clipping."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+    opt.step()
+    sched.step()
+    return grad_norm
+
+
 def train_step(
     model: nn.Module, opt: torch.optim.Optimizer, sched: Any, batch: TaskBatch, cfg: TrainConfig, hyp: list[int]
 ) -> tuple[float, float]:
     """One optimiser step on ``batch``; returns (loss in nats, gradient norm before clipping)."""
+    loss = discrete_loss(model, batch, hyp, cfg.loss)
+    return loss.item(), optimizer_step(model, opt, sched, loss, cfg.clip)
+
+
+def discrete_loss(model: nn.Module, batch: TaskBatch, hyp: list[int], kind: str) -> torch.Tensor:
+    """The training loss of a task with discrete hypotheses (``loss_fn`` on the read-out restricted to them)."""
     logp = restricted_log_probs(model, batch, hyp)
-    loss = loss_fn(logp, batch.posterior.to(logp.device), batch.labels.to(logp.device), cfg.loss)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
-    opt.step()
-    sched.step()
-    return loss.item(), grad_norm
+    return loss_fn(logp, batch.posterior.to(logp.device), batch.labels.to(logp.device), kind)
+
+
+def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Callable[[int, np.random.Generator], Any],
+        step_loss: Callable[[Any], torch.Tensor], evaluate: Callable[[], dict], length: Callable[[Any], int],
+        postfix: tuple[str, str], quiet: bool) -> tuple[float, float]:
+    """The loop every wind tunnel shares: a fresh batch per step (``sample(step, rng)``), AdamW with the schedule,
+    clipping, checkpoints, one JSON line per logged step (``length(batch)`` tokens, wall and CPU time) with the
+    held-out metrics of ``evaluate()`` every ``eval_every`` steps, and a bar showing ``postfix`` = (label, metric).
+    Returns (wall, CPU) seconds: wall time is inflated on shared cores, CPU time is not."""
+    opt, sched = make_optimizer(model, cfg)
+    data_rng = np.random.default_rng([cfg.seed, 1])
+    ckpts = set(cfg.checkpoint_steps())
+    start, cpu_start = time.perf_counter(), time.process_time()
+    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
+    with (out / "metrics.jsonl").open("w") as log:
+        for step in bar:
+            if step in ckpts:
+                save_folder(model, cfg, task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
+            batch = sample(step, data_rng)
+            loss = step_loss(batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{cfg.task} training loss is {loss.item()} at step {step}; lower lr or "
+                                         "raise warmup.")
+            grad_norm = optimizer_step(model, opt, sched, loss, cfg.clip)
+            last = step == cfg.steps - 1
+            if step % cfg.log_every == 0 or last:
+                rec = {"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
+                       "length": length(batch), "elapsed_s": round(time.perf_counter() - start, 2),
+                       "cpu_s": round(time.process_time() - cpu_start, 2)}
+                if step % cfg.eval_every == 0 or last:
+                    with torch.no_grad():
+                        model.eval()
+                        rec |= {k: v for k, v in evaluate().items() if k != "per_position"}
+                        model.train()
+                    bar.set_postfix(loss=f"{rec['loss']:.4f}", **{postfix[0]: f"{rec[postfix[1]]:.4f}"})
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def train_windtunnel(
@@ -123,41 +171,20 @@ def train_windtunnel(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    data_rng = np.random.default_rng([cfg.seed, 1])
     the_task, curriculum = make_task(cfg), curriculum_tasks(cfg)
     model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.train()
     count = n_params(model)
     if not quiet:
         print(f"{cfg.task}/{preset} {cfg.arch}: {count:,} parameters")
-    opt, sched = make_optimizer(model, cfg)
     eval_batch = the_task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
-    ckpts = set(cfg.checkpoint_steps())
     hyp = the_task.hypothesis_ids
-    start, cpu_start = time.perf_counter(), time.process_time()  # CPU time: wall time is inflated on shared cores
-    log = (out / "metrics.jsonl").open("w")
-    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
-    for step in bar:
-        if step in ckpts:
-            save_folder(model, cfg, the_task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
-        batch = task_at(step, the_task, curriculum).sample(cfg.batch_size, seed=data_rng, length=length_at(step, cfg))
-        loss, grad_norm = train_step(model, opt, sched, batch, cfg, hyp)
-        last = step == cfg.steps - 1
-        if step % cfg.log_every == 0 or last:
-            rec = {"step": step, "loss": loss, "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
-                   "length": batch.input_ids.shape[1], "elapsed_s": round(time.perf_counter() - start, 2),
-                   "cpu_s": round(time.process_time() - cpu_start, 2)}
-            if step % cfg.eval_every == 0 or last:
-                with torch.no_grad():
-                    model.eval()
-                    ev = score(restricted_log_probs(model, eval_batch, hyp).cpu(), eval_batch.posterior)
-                    model.train()
-                rec |= {k: v for k, v in ev.items() if k != "per_position"}
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", mae=f"{rec['per_sample_entropy_mae_bits']:.4f}")
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-    log.close()
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    wall, cpu = fit(
+        model, cfg, the_task, out, quiet=quiet, step_loss=lambda batch: discrete_loss(model, batch, hyp, cfg.loss),
+        sample=lambda step, rng: task_at(step, the_task, curriculum).sample(cfg.batch_size, seed=rng,
+                                                                            length=length_at(step, cfg)),
+        evaluate=lambda: score(restricted_log_probs(model, eval_batch, hyp).cpu(), eval_batch.posterior),
+        length=lambda batch: batch.input_ids.shape[1], postfix=("mae", "per_sample_entropy_mae_bits"))
     model.eval()
     npos = n_positions(cfg, the_task)
     final = evaluate_windtunnel(model, the_task, n=cfg.final_eval_n,
