@@ -63,6 +63,7 @@ def protocol(model, name: str, seed: int = 0) -> dict:
 
     ctx = Context(Path(tempfile.mkdtemp(prefix="bench-interventions-")), SweepConfig(model=name, seed=seed, quiet=True),
                   lambda *_: None, model=model)
+    ctx._identity = name  # the activation cache lives in a fresh temporary folder: the name identifies the model
     per_k, task_seed = 50, 42
     acts, cols = sula(ctx, "main", per_k, task_seed, "spread5")
     fit_idx, eval_idx = split_by_k(cols["k"], seed)
@@ -119,7 +120,7 @@ def bench_model(model, name: str, args) -> dict:
         print(f"  {clock}: both layer sets, {n_fast} edits each: fast/naive {total:.3f}; full protocol (20+20+3 "
               f"draws, 4 ops, both sets: {2 * len(OPS) * 44} edits) extrapolated: fast "
               f"{sum(r['full'] for r in runs) / 60:.1f} min, naive "
-              f"{sum(r['naive_run'] for r in runs) * (1 + 2 * len(OPS) * 44) / 60:.1f} min", flush=True)
+              f"{sum(r['naive_run'] * (1 + len(OPS) * 44) for r in runs) / 60:.1f} min", flush=True)
     return out
 
 
