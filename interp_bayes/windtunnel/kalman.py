@@ -241,18 +241,9 @@ def train_kalman(
 ) -> Path:
     """Train a Kalman wind-tunnel model (``arch="mlp"`` for the capacity-matched baseline); the folder layout,
     schedule and logs are those of ``train_windtunnel``, which dispatches here for ``task="kalman"``."""
-    from interp_bayes.windtunnel.configs import build_model, make_config, make_task, n_params
-    from interp_bayes.windtunnel.train import fit, length_at, save_folder
+    from interp_bayes.windtunnel.train import fit, length_at, save_folder, start_run
 
-    cfg = make_config("kalman", preset, seed=seed, **overrides)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    task = make_task(cfg)
-    model = build_model(cfg, task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.train()
-    if not quiet:
-        print(f"kalman/{preset} {cfg.arch}: {n_params(model):,} parameters")
+    cfg, out, task, model = start_run("kalman", preset, out, seed=seed, device=device, quiet=quiet, **overrides)
     eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
 
     def evaluate() -> dict:

@@ -109,6 +109,22 @@ def discrete_loss(model: nn.Module, batch: TaskBatch, hyp: list[int], kind: str)
     return loss_fn(logp, batch.posterior.to(logp.device), batch.labels.to(logp.device), kind)
 
 
+def start_run(task: str, preset: str, out: str | Path, *, seed: int, device: str | None, quiet: bool,
+              **overrides: Any) -> tuple[TrainConfig, Path, Any, nn.Module]:
+    """The resolved config, the output folder (created), the task and a freshly initialised model (seeded, on
+    ``device``: CUDA when available by default, in training mode), announced with its parameter count."""
+    cfg = make_config(task, preset, seed=seed, **overrides)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    the_task = make_task(cfg)
+    model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.train()
+    if not quiet:
+        print(f"{cfg.task}/{preset} {cfg.arch}: {n_params(model):,} parameters")
+    return cfg, out, the_task, model
+
+
 def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Callable[[int, np.random.Generator], Any],
         step_loss: Callable[[Any], torch.Tensor], evaluate: Callable[[], dict], length: Callable[[Any], int],
         postfix: tuple[str, str], quiet: bool) -> tuple[float, float]:
@@ -167,16 +183,8 @@ def train_windtunnel(
         from interp_bayes.windtunnel.kalman import train_kalman
 
         return train_kalman(preset=preset, out=out, seed=seed, device=device, quiet=quiet, **overrides)
-    cfg = make_config(task, preset, seed=seed, **overrides)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    the_task, curriculum = make_task(cfg), curriculum_tasks(cfg)
-    model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.train()
-    count = n_params(model)
-    if not quiet:
-        print(f"{cfg.task}/{preset} {cfg.arch}: {count:,} parameters")
+    cfg, out, the_task, model = start_run(task, preset, out, seed=seed, device=device, quiet=quiet, **overrides)
+    curriculum = curriculum_tasks(cfg)
     eval_batch = the_task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
     hyp = the_task.hypothesis_ids
     wall, cpu = fit(
