@@ -7,7 +7,7 @@ from scipy.linalg import hadamard
 
 from interp_bayes.axis import cross_fitted_projections, fit_entropy_axis
 from interp_bayes.confounds import (covariate_matrix, deconfounded_correlation, length_strata, nuisance_columns,
-                                    residualize)
+                                    residualize, select_covariates)
 from interp_bayes.extract import Activations
 
 
@@ -136,3 +136,14 @@ def test_an_entropy_that_is_a_function_of_position_is_inseparable():
     assert dec.values["raw"]["pearson"] > 0.9 and dec.verdict("pearson") in ("inseparable", "weakens", "vanishes")
     dec2 = deconfounded_correlation(x, y, covariate_matrix({"k": k}), k, n_perm=100, seed=0)
     assert np.isnan(dec2.values["within"]["pearson"])
+
+
+def test_a_misspelled_covariate_is_refused_not_dropped():
+    from interp_bayes.kinds.common import nuisance_matrix
+
+    cov, names = nuisance_matrix([5, 6, 7], [0, 1, 2], ("length", "k"), k_levels=True)
+    columns = nuisance_columns([5, 6, 7], k=[0, 1, 2], k_levels=True)
+    np.testing.assert_array_equal(cov, select_covariates(columns, ["length", "k", "k=0", "k=1", "k=2"]))
+    assert names == ("length", "k", "one indicator per k")
+    with pytest.raises(ConfigError, match="lenght"):
+        nuisance_matrix([5, 6, 7], [0, 1, 2], ("lenght", "k"))

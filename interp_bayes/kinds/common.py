@@ -69,11 +69,12 @@ def plan_sula(ctx, probe: str, conditions, per_k: int, seed: int, layers) -> lis
 def nuisance_matrix(lengths, k, names, *, k_levels: bool = False) -> tuple[np.ndarray, tuple[str, ...]]:
     """The covariate matrix of a probe's declared covariates (names among ``confounds.nuisance_columns``'s: length,
     k, log_k) and, with ``k_levels``, one indicator per k (which removes every function of k); and their names."""
-    from ..confounds import covariate_matrix, nuisance_columns
+    from ..confounds import nuisance_columns, select_covariates
 
     columns = nuisance_columns(lengths, k=k, k_levels=k_levels)
-    chosen = {c: v for c, v in columns.items() if c in names or (k_levels and c.startswith("k="))}
-    return covariate_matrix(chosen), tuple(names) + (("one indicator per k",) if k_levels else ())
+    levels = [c for c in columns if k_levels and c.startswith("k=")]
+    return (select_covariates(columns, [*names, *levels]),  # an unknown name is refused, not dropped
+            tuple(names) + (("one indicator per k",) if k_levels else ()))
 
 
 def deconfounded(x, y, columns: dict, covariates, strata, strata_name: str, *, n_perm: int, seed: int,
