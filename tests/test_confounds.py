@@ -8,6 +8,7 @@ from scipy.linalg import hadamard
 from interp_bayes.axis import cross_fitted_projections, fit_entropy_axis
 from interp_bayes.confounds import (covariate_matrix, deconfounded_correlation, length_strata, nuisance_columns,
                                     residualize, select_covariates)
+from interp_bayes.errors import ConfigError
 from interp_bayes.extract import Activations
 
 
