@@ -43,6 +43,7 @@ from interp_bayes.tasks.kalman import (
     gaussian_w2,
     window_filter,
 )
+from interp_bayes.windtunnel.configs import TrainConfig
 
 WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
 LOG_DIAG_CLAMP = 12.0  # |log L_ii| cap: a guard against exp overflow early in training, never reached by a fit
@@ -230,20 +231,11 @@ def evaluate_kalman(
     return results
 
 
-def train_kalman(
-    *,
-    preset: str = "cpu",
-    out: str | Path,
-    seed: int = 0,
-    device: str | None = None,
-    quiet: bool = False,
-    **overrides: Any,
-) -> Path:
-    """Train a Kalman wind-tunnel model (``arch="mlp"`` for the capacity-matched baseline); the folder layout,
-    schedule and logs are those of ``train_windtunnel``, which dispatches here for ``task="kalman"``."""
-    from interp_bayes.windtunnel.train import fit, length_at, save_folder, start_run
+def train_kalman(model: nn.Module, cfg: TrainConfig, task: KalmanTask, out: Path, *, quiet: bool) -> tuple[float, float, dict]:
+    """Train a Kalman wind-tunnel model (or its MLP baseline) in ``train_windtunnel``'s loop: Gaussian outputs,
+    ``kalman_loss``, held-out W2 / KL metrics; (wall s, CPU s, the final evaluation against the window filters)."""
+    from interp_bayes.windtunnel.train import fit, length_at
 
-    cfg, out, task, model = start_run("kalman", preset, out, seed=seed, device=device, quiet=quiet, **overrides)
     eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
 
     def evaluate() -> dict:
@@ -257,12 +249,11 @@ def train_kalman(
         postfix=("kl", "kl_bits"))
     model.eval()
     final = evaluate_kalman(model, task)
-    save_folder(model, cfg, task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1),
-                                        "preset": preset, "eval": final, "torch_threads": torch.get_num_threads()})
     if not quiet:
         summary = {k: v for k, v in final[task.n_steps].items() if k not in ("per_position", "windows", "target")}
-        print(f"done in {wall:.0f} s; eval: {json.dumps(summary)}; target met: {final[task.n_steps]['target']['met']}")
-    return out
+        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval: {json.dumps(summary)}; target met: "
+              f"{final[task.n_steps]['target']['met']}")
+    return wall, cpu, final
 
 
 @torch.no_grad()

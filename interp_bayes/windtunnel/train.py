@@ -109,22 +109,6 @@ def discrete_loss(model: nn.Module, batch: TaskBatch, hyp: list[int], kind: str)
     return loss_fn(logp, batch.posterior.to(logp.device), batch.labels.to(logp.device), kind)
 
 
-def start_run(task: str, preset: str, out: str | Path, *, seed: int, device: str | None, quiet: bool,
-              **overrides: Any) -> tuple[TrainConfig, Path, Any, nn.Module]:
-    """The resolved config, the output folder (created), the task and a freshly initialised model (seeded, on
-    ``device``: CUDA when available by default, in training mode), announced with its parameter count."""
-    cfg = make_config(task, preset, seed=seed, **overrides)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    the_task = make_task(cfg)
-    model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.train()
-    if not quiet:
-        print(f"{cfg.task}/{preset} {cfg.arch}: {n_params(model):,} parameters")
-    return cfg, out, the_task, model
-
-
 def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Callable[[int, np.random.Generator], Any],
         step_loss: Callable[[Any], torch.Tensor], evaluate: Callable[[], dict], length: Callable[[Any], int],
         postfix: tuple[str, str], quiet: bool) -> tuple[float, float]:
@@ -163,6 +147,30 @@ def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Cal
     return time.perf_counter() - start, time.process_time() - cpu_start
 
 
+def train_discrete(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, quiet: bool) -> tuple[float, float, dict]:
+    """Train on a task with discrete hypotheses (bijection, HMM), with its curriculum; (wall s, CPU s, the final
+    evaluation at every trained length, against the window filters)."""
+    curriculum = curriculum_tasks(cfg)
+    eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
+    hyp = task.hypothesis_ids
+    wall, cpu = fit(
+        model, cfg, task, out, quiet=quiet, step_loss=lambda batch: discrete_loss(model, batch, hyp, cfg.loss),
+        sample=lambda step, rng: task_at(step, task, curriculum).sample(cfg.batch_size, seed=rng,
+                                                                        length=length_at(step, cfg)),
+        evaluate=lambda: score(restricted_log_probs(model, eval_batch, hyp).cpu(), eval_batch.posterior),
+        length=lambda batch: batch.input_ids.shape[1], postfix=("mae", "per_sample_entropy_mae_bits"))
+    model.eval()
+    npos = n_positions(cfg, task)
+    final = evaluate_windtunnel(model, task, n=cfg.final_eval_n,
+                                lengths=[k for k in default_lengths(task) if task.seq_len(k) <= npos])
+    if not quiet:
+        keys = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
+        summary = {length: {k: m[k] for k in keys} | {"best_window": m["vs_best_window"]}
+                   for length, m in final.items()}
+        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval (bits): {json.dumps(summary)}")
+    return wall, cpu, final
+
+
 def train_windtunnel(
     task: str,
     *,
@@ -173,38 +181,30 @@ def train_windtunnel(
     quiet: bool = False,
     **overrides: Any,
 ) -> Path:
-    """Train a wind-tunnel model on ``task`` ("bijection" | "hmm") with a preset ("paper" | "cpu" | "tiny").
+    """Train a wind-tunnel model on ``task`` ("bijection" | "hmm" | "kalman") with a preset ("paper" | "cpu" |
+    "tiny", and the task's own presets).
 
     ``overrides`` replace TrainConfig fields (``arch="mlp"`` trains the capacity-matched baseline). Returns the
     output folder, which holds the final model, its checkpoints and the metrics log. ``device`` defaults to CUDA
     when available; the saved folders hold float32 weights either way.
     """
-    if task == "kalman":  # continuous inputs and a Gaussian head: its own loop
-        from interp_bayes.windtunnel.kalman import train_kalman
-
-        return train_kalman(preset=preset, out=out, seed=seed, device=device, quiet=quiet, **overrides)
-    cfg, out, the_task, model = start_run(task, preset, out, seed=seed, device=device, quiet=quiet, **overrides)
-    curriculum = curriculum_tasks(cfg)
-    eval_batch = the_task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
-    hyp = the_task.hypothesis_ids
-    wall, cpu = fit(
-        model, cfg, the_task, out, quiet=quiet, step_loss=lambda batch: discrete_loss(model, batch, hyp, cfg.loss),
-        sample=lambda step, rng: task_at(step, the_task, curriculum).sample(cfg.batch_size, seed=rng,
-                                                                            length=length_at(step, cfg)),
-        evaluate=lambda: score(restricted_log_probs(model, eval_batch, hyp).cpu(), eval_batch.posterior),
-        length=lambda batch: batch.input_ids.shape[1], postfix=("mae", "per_sample_entropy_mae_bits"))
-    model.eval()
-    npos = n_positions(cfg, the_task)
-    final = evaluate_windtunnel(model, the_task, n=cfg.final_eval_n,
-                                lengths=[k for k in default_lengths(the_task) if the_task.seq_len(k) <= npos])
+    cfg = make_config(task, preset, seed=seed, **overrides)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    the_task = make_task(cfg)
+    model = build_model(cfg, the_task).to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.train()
+    if not quiet:
+        print(f"{cfg.task}/{preset} {cfg.arch}: {n_params(model):,} parameters")
+    if cfg.task == "kalman":  # continuous inputs and a Gaussian head: its own batches, loss and evaluation
+        from interp_bayes.windtunnel.kalman import train_kalman as trainer
+    else:
+        trainer = train_discrete
+    wall, cpu, final = trainer(model, cfg, the_task, out, quiet=quiet)
     save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1),
                                             "train_cpu_s": round(cpu, 1), "preset": preset, "eval": final,
                                             "torch_threads": torch.get_num_threads()})
-    if not quiet:
-        keys = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
-        summary = {length: {k: m[k] for k in keys} | {"best_window": m["vs_best_window"]}
-                   for length, m in final.items()}
-        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval (bits): {json.dumps(summary)}")
     return out
 
 
