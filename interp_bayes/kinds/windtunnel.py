@@ -110,6 +110,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     from ..calibration import compare_to_bayes
     from ..confounds import nuisance_columns
     from ..geometry import attention_focusing, key_orthogonality, key_orthogonality_null, manifold_report
+    from ..windtunnel.configs import n_params
 
     wt = windtunnel_set(ctx, p.checkpoint, p.n_sequences, p.seed, layers="all", readings=("v", "attn_entropy"))
     model, task, prompts, cols, acts = wt.model, wt.task, wt.prompts, wt.cols, wt.acts
@@ -151,8 +152,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
                   eval_idx=eval_idx, columns=columns, strata=k, strata_name="position")
     rows += iv.rows
     data = dict(iv.data, checkpoint=p.checkpoint, task=task.name, k=k.tolist(), bayes_entropy=bayes.tolist(),
-                model_entropy=acts.entropy.tolist(), pc1=rep["pc1_score"], n_params=sum(x.numel() for x in
-                                                                                       model.parameters()))
+                model_entropy=acts.entropy.tolist(), pc1=rep["pc1_score"], n_params=n_params(model))
     return Result(rows, data)
 
 
@@ -232,8 +232,9 @@ def _geometry(p) -> Figure | None:
     fig.update_yaxes(title_text="last-layer PC1 score")
     return Figure(f"windtunnel-geometry-{p.name}", f"Wind tunnel {d.get('checkpoint')}: value geometry", layout(
         fig, "Last-layer PC1 against the exact entropy, coloured by query position"),
-        "In the bijection task the exact entropy is a function of position alone: a smooth colour gradient along "
-        "the x axis cannot tell an entropy axis from a position axis.")
+        "Where the exact entropy is a function of position alone (the bijection without replacement), a smooth "
+        "colour gradient along the x axis cannot tell an entropy axis from a position axis; with replacement and in "
+        "the HMM, entropy also varies within one colour.")
 
 
 def figures(probes) -> list[Figure]:
