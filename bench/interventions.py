@@ -61,9 +61,9 @@ def protocol(model, name: str, seed: int = 0) -> dict:
     from interp_bayes.kinds.interventions import split_by_k
     from interp_bayes.sweep import Context
 
+    # the activation cache lives in a fresh temporary folder: the name identifies the model there
     ctx = Context(Path(tempfile.mkdtemp(prefix="bench-interventions-")), SweepConfig(model=name, seed=seed, quiet=True),
-                  lambda *_: None, model=model)
-    ctx._identity = name  # the activation cache lives in a fresh temporary folder: the name identifies the model
+                  lambda *_: None, model=model, identity=dict(bench=name))
     per_k, task_seed = 50, 42
     acts, cols = sula(ctx, "main", per_k, task_seed, "spread5")
     fit_idx, eval_idx = split_by_k(cols["k"], seed)

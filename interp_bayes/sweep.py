@@ -116,13 +116,16 @@ class Context:
     """What a probe sees: the config, the model (loaded on first use), its tokenizer, layer specs, content-addressed
     activation sets, and its own folder for files it saves."""
 
-    def __init__(self, folder: Path, config: SweepConfig, say: Callable[..., None], model=None) -> None:
+    def __init__(self, folder: Path, config: SweepConfig, say: Callable[..., None], model=None,
+                 identity: dict | None = None) -> None:
+        """``model``: an already loaded model (else ``config.model`` is loaded on first use); ``identity``: its
+        identity in the cache keys, for a model that ``config.model`` does not name (e.g. one built in memory)."""
         self.folder, self.config, self.say = folder, config, say
         self.probe_folder = folder
         self.redo = False  # recompute activation sets too (``--redo``)
         self._model = model
         self._tokenizer = None
-        self._identity = None
+        self._identity = identity
 
     @property
     def model(self):
@@ -199,7 +202,8 @@ class Context:
         from .extract import Activations, collect, prompt_digest
 
         ids = self.token_ids(prompts)
-        path = self.folder / "acts" / f"{label}-{self._acts_key(ids, layers, readings, label_tokens, model_id)}"
+        path = self.acts_path(label, ids, layers=layers, readings=readings, label_tokens=label_tokens,
+                              model_id=model_id)
         if (path / "activations.json").exists() and not self.redo:
             acts = Activations.load(path)
             if acts.meta["prompt_digest"] != prompt_digest(ids):
