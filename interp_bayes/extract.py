@@ -195,13 +195,15 @@ def check_prompts(token_ids: list[list[int]], prompts, n_ctx: int) -> None:
                               f"{n_ctx}; shorten or drop it.")
 
 
-def length_batches(token_ids: list[list[int]], batch_size: int | None) -> Iterable[list[int]]:
-    """Indices grouped by equal token length (no padding), each group cut into batches, longest first."""
+def length_batches(token_ids: list[list[int]], batch_size: int | None,
+                   tokens_per_batch: int = TOKENS_PER_BATCH) -> Iterable[list[int]]:
+    """Indices grouped by equal token length (no padding), each group cut into batches of ``batch_size`` prompts
+    (None: about ``tokens_per_batch`` tokens), longest first."""
     buckets: dict[int, list[int]] = defaultdict(list)
     for i, ids in enumerate(token_ids):
         buckets[len(ids)].append(i)
     for length in sorted(buckets, reverse=True):
-        size = batch_size or max(1, TOKENS_PER_BATCH // length)
+        size = batch_size or max(1, tokens_per_batch // length)
         idx = buckets[length]
         for s in range(0, len(idx), size):
             yield idx[s:s + size]

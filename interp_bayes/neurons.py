@@ -208,13 +208,7 @@ def _prepare(model, prompts, batch_size):
                                     "final-norm analyses need one.")
     token_ids = tokenize(model, prompts)
     check_prompts(token_ids, prompts, model.cfg.n_ctx)
-    if batch_size:
-        return token_ids, list(length_batches(token_ids, batch_size))
-    chunks = []  # equal-length buckets, cut to about TOKENS_PER_BATCH tokens each
-    for b in length_batches(token_ids, None):
-        size = max(1, TOKENS_PER_BATCH // len(token_ids[b[0]]))
-        chunks += [b[s:s + size] for s in range(0, len(b), size)]
-    return token_ids, chunks
+    return token_ids, list(length_batches(token_ids, batch_size, tokens_per_batch=TOKENS_PER_BATCH))
 
 
 @torch.no_grad()
