@@ -24,7 +24,7 @@ from torch import nn
 
 from interp_bayes.calibration import compare_to_bayes, kl_bits
 from interp_bayes.errors import ConfigError
-from interp_bayes.geometry import as_float64
+from interp_bayes.geometry import as_float64, bootstrap_means
 from interp_bayes.tasks.base import TaskBatch, entropy_bits
 from interp_bayes.tasks.filters import baseline_posteriors, position_entropy
 from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
@@ -96,10 +96,8 @@ def paired_margin(baseline_kl: np.ndarray, model_kl: np.ndarray, *, n_boot: int 
     ``baseline_kl``, ``model_kl``: [n, Q] per sequence and position; sequences are the resampled unit (positions of
     one sequence are not independent)."""
     diff = (as_float64(baseline_kl) - as_float64(model_kl)).mean(1)  # [n] per-sequence margin
-    rng = np.random.default_rng(seed)
-    boots = diff[rng.integers(0, len(diff), (n_boot, len(diff)))].mean(1)
-    low, high = np.quantile(boots, [0.025, 0.975])
-    return {"margin_bits": float(diff.mean()), "margin_ci": [float(low), float(high)], "n_sequences": len(diff),
+    mean, low, high = bootstrap_means(diff, n_boot=n_boot, seed=seed)
+    return {"margin_bits": float(mean), "margin_ci": [float(low), float(high)], "n_sequences": len(diff),
             "n_boot": n_boot}
 
 

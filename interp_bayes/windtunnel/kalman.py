@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from interp_bayes.errors import ConfigError
-from interp_bayes.geometry import CI_LEVEL, as_float64
+from interp_bayes.geometry import CI_LEVEL, as_float64, bootstrap_means
 from interp_bayes.tasks.kalman import (
     LN2,
     KalmanBatch,
@@ -162,11 +162,8 @@ def summarise(m: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 def paired_difference(a: torch.Tensor, b: torch.Tensor, *, n_boot: int = 1000, seed: int = 0) -> dict[str, list]:
     """Per step, mean of a - b over sequences ([n, K] each) with a percentile bootstrap interval over sequences."""
-    diff = as_float64(a - b)  # [n, K]
-    rng = np.random.default_rng(seed)
-    boots = np.stack([diff[rng.integers(0, len(diff), len(diff))].mean(0) for _ in range(n_boot)])  # [B, K]
-    lo, hi = np.quantile(boots, [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2], axis=0)
-    return dict(mean=diff.mean(0).tolist(), low=lo.tolist(), high=hi.tolist())
+    mean, low, high = bootstrap_means(as_float64(a - b), n_boot=n_boot, seed=seed)  # [K] each
+    return dict(mean=mean.tolist(), low=low.tolist(), high=high.tolist())
 
 
 def target_verdict(model: dict[str, torch.Tensor], windows: dict[int, dict[str, torch.Tensor]], *,
