@@ -87,10 +87,11 @@ def bootstrap_over_prompts(statistic, n: int, *, n_boot: int, seed: int) -> tupl
     return dist, np.atleast_1d(res.confidence_interval.low), np.atleast_1d(res.confidence_interval.high)
 
 
-def bootstrap_means(x, *, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bootstrap_means(x, *, n_boot: int, seed: int | np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Means over the rows of ``x`` [n, ...] (the resampled unit, e.g. sequences) with a 95% percentile bootstrap:
-    (means, lows, highs), each of x's trailing shape. One vectorised draw of [n_boot, n] row indices, which
-    ``bootstrap_over_prompts`` (a statistic called per resample) would take far longer over."""
+    (means, lows, highs), each of x's trailing shape. One vectorised draw of [n_boot, n] row indices (from ``seed``,
+    or from a generator shared with other draws), which ``bootstrap_over_prompts`` (a statistic called per
+    resample) would take far longer over."""
     x = as_float64(x)
     boots = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)  # [n_boot, ...]
     a = (1 - CI_LEVEL) / 2

@@ -50,7 +50,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from .geometry import CI_LEVEL
+from .geometry import CI_LEVEL, bootstrap_means
 from .results import Row
 
 LN2 = math.log(2.0)
@@ -244,12 +244,6 @@ def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: Excha
                 kl_today_bits=_kl_bits(m, p), kl_floor_bits=_kl_bits(m0, p))
 
 
-def _mean_ci(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, list[float]]:
-    boots = np.array([x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)])
-    a = (1 - CI_LEVEL) / 2
-    return float(x.mean()), [float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))]
-
-
 ORDER_STATS = ("js_bits", "top_sd")
 GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_today_bits", "kl_floor_bits")
 FLOAT_FLOOR = 1e-4  # bits: a model computed in float32 differs from itself by about this across batch layouts
@@ -312,15 +306,15 @@ def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context],
         entry: dict = dict(k=int(k), n=int(sel.sum()))
         if k >= 2:
             for stat in ORDER_STATS:
-                mean, ci = _mean_ci(order[stat][sel], n_boot, rng)
+                mean, low, high = bootstrap_means(order[stat][sel], n_boot=n_boot, seed=rng)
                 null = float(order_null[stat][sel].mean())
-                entry[stat] = dict(mean=mean, ci=ci)
+                entry[stat] = dict(mean=float(mean), ci=[float(low), float(high)])
                 entry[f"null_{stat}"] = dict(value=null, range=[null, null])  # exact: no Monte-Carlo part
             entry["n_orders"] = float(order["n_orders"][sel].mean())
         for stat in GAP_STATS:
-            mean, ci = _mean_ci(gap[stat][sel], n_boot, rng)
+            mean, low, high = bootstrap_means(gap[stat][sel], n_boot=n_boot, seed=rng)
             reps = np.array([r[stat][sel].mean() for r in replicates]) if replicates else np.array([np.nan])
-            entry[stat] = dict(mean=mean, ci=ci)
+            entry[stat] = dict(mean=float(mean), ci=[float(low), float(high)])
             entry[f"null_{stat}"] = dict(value=float(gap_null[stat][sel].mean()),
                                          range=[float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))])
         per_k.append(entry)
