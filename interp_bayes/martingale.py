@@ -50,10 +50,9 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
+from .calibration import kl_bits
 from .geometry import CI_LEVEL, bootstrap_means
 from .results import Row
-
-LN2 = math.log(2.0)
 
 
 @dataclass(frozen=True)
@@ -204,9 +203,8 @@ def order_sensitivity(predict: Predictor, contexts: Sequence[Context], *, n_perm
 
 def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
     """KL(m || p) per row in bits, >= 0 (a negative value is rounding)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        kl = np.where(m > 0, m * (np.log(m) - np.log(p)), 0.0).sum(-1) / LN2
-    return np.maximum(kl, 0.0)
+    with np.errstate(divide="ignore"):  # p = 0 where m > 0: an infinite KL, as it should be
+        return np.maximum(kl_bits(m, np.log(p)), 0.0)
 
 
 def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: ExchangeableTask, *, n_draws: int = 4,
