@@ -41,6 +41,8 @@ def llama_05b(tokenizer_folder: str, seed: int = 0):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
 
+    from interp_bayes import run_native_when_unobserved
+
     torch.manual_seed(seed)
     config = LlamaConfig(**QWEN05_SHAPE)
     hf = LlamaForCausalLM(config).eval()
@@ -49,6 +51,7 @@ def llama_05b(tokenizer_folder: str, seed: int = 0):
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     tokenizer.save_pretrained(folder)
     bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf, tokenizer=tokenizer, device="cpu")
+    run_native_when_unobserved(bridge)  # as load_model does
     return bridge.eval()
 
 

@@ -31,6 +31,7 @@ _EXPORTS = {
                    "sula_setup"],
     "mechanisms": ["MechanismComparison", "axis_null_overlap", "compare_mechanisms", "scale_entropy",
                    "value_axis_in_residual"],
+    "native": ["run_native_when_unobserved"],
     "neurons": ["EntropyNeuronReport", "entropy_neurons", "frequency_neurons", "neuron_scores",
                 "unembedding_null_space", "unigram_counts"],
     "report.html": ["Report", "build_compare", "build_report"],
@@ -46,7 +47,7 @@ _EXPORTS = {
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -1,7 +1,8 @@
 """Model registry and loading: every checkpoint becomes a TransformerLens ``TransformerBridge`` with raw weights.
 
 Raw means no LayerNorm folding, no centring and no value-bias folding, so ``blocks.L.attn.hook_v`` equals the
-model's own value projection (bias included) and logits equal Hugging Face's eager forward.
+model's own value projection (bias included) and logits equal Hugging Face's own forward (``native.py``: HF's
+modules run wherever no hook observes a component's inside).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class ModelInfo:
     dtype: str
     n_params: int
     revision: str | None = None
+    native: dict | None = None  # components switched to HF's own forward when unobserved (native.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -466,6 +468,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
 
+    from .native import run_native_when_unobserved
+
     if device is not None and device_map is not None:
         raise ModelLoadError("Pass device= (one device) or device_map= (several), not both.")
     name = os.fspath(name_or_path)
@@ -485,11 +489,12 @@ def load_model(
     bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer,
                                                  device=None if plan.dispatched else "cpu", dtype=dtype)
     bridge.eval()
+    native = run_native_when_unobserved(bridge)
     # TransformerLens rebuilds the tokenizer with add_bos_token=True; text is tokenised with a fresh copy of the
     # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
     bridge._ib_tokenizer = _tokenizer(source, kw)
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
-                                n_params=n_params, revision=revision)
+                                n_params=n_params, revision=revision, native=native)
     return bridge
 
 

@@ -29,11 +29,14 @@ def family(request):
     return request.param
 
 
-def load_hf(folder):
-    """A fresh plain HF copy of a saved model (eager attention, eval mode): the independent reference."""
+def load_hf(folder, like=None):
+    """A fresh plain HF copy of a saved model (eval mode): the independent reference. Its attention is the one the
+    bridge ``like`` runs when no hook observes the pattern (``native.py``: HF's sdpa where the bridge hands attention
+    to HF's module, eager arithmetic where the bridge keeps its own); eager without ``like``."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    impl = like.original_model.config._attn_implementation if like is not None else "eager"
+    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation=impl).eval()
 
 
 @pytest.fixture
@@ -42,7 +45,8 @@ def tiny(tiny_dirs, family):
     from interp_bayes.models import load_model
 
     folder = tiny_dirs[family]
-    return load_model(folder), load_hf(folder), folder
+    bridge = load_model(folder)
+    return bridge, load_hf(folder, like=bridge), folder
 
 
 @pytest.fixture(scope="session")

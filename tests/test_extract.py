@@ -95,13 +95,14 @@ def test_activations_render_in_notebooks(tiny):
     assert fig.data[0].x.shape == (4,) and "&lt;b&gt;" in fig.data[0].text[0]
 
 
-def _hf_reference(folder, text):
-    """The checkpoint's own tokenizer and plain HF model on ``text``: (token ids, final logits)."""
+def _hf_reference(folder, text, bridge):
+    """The checkpoint's own tokenizer and plain HF model (attention as ``bridge`` runs it) on ``text``: (token ids,
+    final logits)."""
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        return ids[0].tolist(), load_hf(folder)(ids).logits[0, -1]
+        return ids[0].tolist(), load_hf(folder, like=bridge)(ids).logits[0, -1]
 
 
 def test_text_is_tokenised_with_the_checkpoints_own_bos_policy(tiny):
@@ -109,7 +110,7 @@ def test_text_is_tokenised_with_the_checkpoints_own_bos_policy(tiny):
     bridge, _, folder = tiny
     text = "the cat sat on the mat"
     assert bridge.tokenizer(text)["input_ids"][0] == bridge.tokenizer.bos_token_id  # the rebuilt one adds BOS
-    ids, logits = _hf_reference(folder, text)
+    ids, logits = _hf_reference(folder, text, bridge)
     acts = collect(bridge, [text], keep_logprobs=True, progress=False)
     assert acts.token_ids[0] == ids and ids[0] != bridge.tokenizer.bos_token_id
     torch.testing.assert_close(acts.logprobs[0], torch.log_softmax(logits.float(), -1), rtol=0, atol=1e-5)
@@ -120,7 +121,7 @@ def test_smollm2_token_ids_and_logits_equal_hugging_face(smollm2):
     from interp_bayes.models import model_info
 
     text = "The capital of France is"
-    ids, logits = _hf_reference(model_info(smollm2).source, text)
+    ids, logits = _hf_reference(model_info(smollm2).source, text, smollm2)
     acts = collect(smollm2, [text], keep_logprobs=True, progress=False)
     assert acts.token_ids[0] == ids and ids[0] != 1  # SmolLM2 under transformers 5 adds no <|im_start|>
     torch.testing.assert_close(acts.logprobs[0], torch.log_softmax(logits.float(), -1), rtol=0, atol=1e-5)

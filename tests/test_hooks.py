@@ -81,7 +81,7 @@ def test_projection_through_hook_equals_weight_edit(tiny):
     with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_v", project_out)]):
         hooked = bridge(ids)
 
-    edited = load_hf(folder)
+    edited = load_hf(folder, like=bridge)
     value_edit(edited, layer, torch.eye(dim) - torch.outer(u, u))
     expected = edited(ids).logits
     torch.testing.assert_close(hooked, expected, rtol=1e-5, atol=1e-5)
@@ -95,3 +95,45 @@ def test_no_hook_remains_after_exception(tiny):
         with bridge.hooks(fwd_hooks=[(name, lambda v, hook: v * 0)]):
             raise RuntimeError("boom")
     assert all(len(hp.fwd_hooks) == 0 for hp in bridge.hook_dict.values())
+
+
+def test_attention_goes_native_only_where_hf_calls_the_bridges_projections(tiny):
+    """Separate q/k/v/o projections (Llama, Mistral, Phi): HF's attention module, as sdpa. A fused qkv (GPT-NeoX,
+    GPT-2): the bridge's own attention, eager. Every norm is switched either way."""
+    from interp_bayes.models import model_info
+
+    bridge, hf, _ = tiny
+    native = model_info(bridge).native
+    separate = hf.config.model_type in ("llama", "mistral", "phi")
+    assert native["attention_total"] == bridge.cfg.n_layers and native["norms"] == 2 * bridge.cfg.n_layers + 1 - (
+        bridge.cfg.n_layers if hf.config.model_type == "phi" else 0)  # Phi's blocks have one norm
+    assert native["attention"] == (bridge.cfg.n_layers if separate else 0)
+    assert bridge.original_model.config._attn_implementation == ("sdpa" if separate else "eager")
+
+
+@torch.no_grad()
+def test_observed_inner_hooks_run_the_bridges_own_forward(tiny):
+    """A hook on hook_pattern / hook_attn_scores / hook_scale sends that component back to the bridge's step-by-step
+    forward: the pattern fires (rows sum to 1), an observing hook leaves the logits equal to the native ones up to
+    eager-vs-sdpa rounding, an editing hook is live, and nothing stays switched afterwards."""
+    bridge, _, _ = tiny
+    ids = ids_of(bridge, PROMPTS[2])
+    base = bridge(ids)
+    last = bridge.cfg.n_layers - 1
+    _, cache = bridge.run_with_cache(ids, names_filter=lambda n: n.endswith(("hook_pattern", "ln_final.hook_scale")))
+    pattern = cache[f"blocks.{last}.attn.hook_pattern"]
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]))
+    assert cache["ln_final.hook_scale"].shape[:2] == ids.shape
+    with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", lambda p, hook: None)
+                                 for layer in range(bridge.cfg.n_layers)]):
+        torch.testing.assert_close(bridge(ids), base, rtol=1e-5, atol=1e-5)
+
+    def self_only(scores, hook):  # every query attends to itself alone
+        eye = torch.eye(scores.shape[-1], dtype=torch.bool)
+        return scores.masked_fill(~eye, float("-inf"))
+
+    with bridge.hooks(fwd_hooks=[(f"blocks.{last}.attn.hook_attn_scores", self_only)]):
+        assert (bridge(ids) - base).abs().max() > 1e-3
+    with bridge.hooks(fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: 2 * x)]):
+        assert (bridge(ids) - base).abs().max() > 1e-3
+    assert torch.equal(bridge(ids), base)

@@ -30,7 +30,7 @@ def test_cut_through_hook_equals_weight_edit_at_every_layer_set(tiny):
     us = {0: unit(dim, 1), 1: unit(dim, 2)}
     with intervene(bridge, {layer: AxisCut(u) for layer, u in us.items()}):
         hooked = bridge(ids)
-    edited = load_hf(folder)
+    edited = load_hf(folder, like=bridge)
     for layer, u in us.items():
         value_edit(edited, layer, torch.eye(dim) - torch.outer(u, u))
     torch.testing.assert_close(hooked, edited(ids).logits, rtol=1e-5, atol=1e-5)
@@ -191,7 +191,7 @@ def test_subspace_edits_equal_weight_edits_at_every_site(tiny_dirs, fam):
             proj = torch.eye(dim) - q.T @ q
             with intervene(model, {1: SubspaceCut(basis)}, site=site):
                 edited = model(ids)
-            hf = load_hf(tiny_dirs[fam])
+            hf = load_hf(tiny_dirs[fam], like=model)
             if site == "v":
                 value_edit(hf, 1, proj)
                 ref = hf(ids).logits

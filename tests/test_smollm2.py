@@ -11,7 +11,7 @@ def test_smollm2_logits_equal_plain_hf_and_predict_paris(smollm2):
     info = model_info(smollm2)
     assert info.n_params == 134_515_008 and info.dtype == "float32"
     ids = torch.tensor([smollm2.tokenizer("The capital of France is")["input_ids"]])
-    hf = load_hf(info.source)
+    hf = load_hf(info.source, like=smollm2)
     with torch.no_grad():
         ours, ref = smollm2(ids), hf(ids).logits
     assert torch.equal(ours, ref)

@@ -1,0 +1,112 @@
+"""Hugging Face's own modules wherever TransformerLens's bridge would re-derive a computation no hook observes.
+
+To make ``hook_attn_scores``, ``hook_pattern``, ``hook_rot_q`` and friends fire, the bridge's attention recomputes
+attention step by step in eager arithmetic, and its norms compute the normalisation twice (once for
+``hook_scale`` / ``hook_normalized``, once through the HF module). ``run_native_when_unobserved`` gives those
+components a forward that, while none of the component's *inner* hook points has a hook, runs the wrapped HF
+module instead: the same weights and HF's own code (its default sdpa attention). The hook points that sit on a
+component's edges or sub-layers still fire and can still edit on that path: ``hook_in`` / ``hook_out``, and for
+attention ``hook_q`` / ``hook_k`` / ``hook_v`` (the projections' outputs) and ``hook_z`` (the output projection's
+input), because HF's module calls the bridge's own projection components.
+
+A hook on any inner point (``run_with_cache`` hooks them all), or TransformerLens's compatibility mode, sends that
+component back to the bridge's own forward for that call, so those hooks see exactly what they always saw. Only
+attention whose HF module holds separate q / k / v / o projections (Llama, Mistral, Qwen2, Phi, SmolLM2, ...)
+qualifies; a fused qkv projection (GPT-NeoX / Pythia, GPT-2) keeps the bridge's attention, because HF's module
+would never fire ``hook_v`` there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+EDGES = ("hook_in", "hook_out")
+# Config flags under which the bridge's attention does something HF's module does not (split inputs, per-head
+# results, gated queries): the bridge's forward runs.
+BRIDGE_ONLY_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result", "gated_q_proj")
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def inner_hooks_observed(component) -> bool:
+    """Whether any hook point the component owns, other than its input and output, has a hook."""
+    from transformer_lens.hook_points import HookPoint
+
+    return any(_hooked(m) for name, m in component._modules.items()
+               if isinstance(m, HookPoint) and name not in EDGES)
+
+
+class NativeAttention:
+    """Mixed in before a bridge attention class: HF's attention module unless an inner hook point is observed."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if (getattr(self, "compatibility_mode", False) or inner_hooks_observed(self)
+                or any(getattr(self.config, flag, False) for flag in BRIDGE_ONLY_FLAGS)):
+            return super().forward(*args, **kwargs)
+        if "hidden_states" in kwargs:
+            hidden = kwargs.pop("hidden_states")
+        else:
+            hidden, *args = args
+        output, weights = self.original_component(self.hook_in(hidden), *args, **kwargs)
+        return self.hook_out(output), weights
+
+
+class NativeNorm:
+    """Mixed in before a bridge normalisation class: HF's norm unless ``hook_scale`` / ``hook_normalized`` (or
+    another inner hook point) is observed."""
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if getattr(self, "compatibility_mode", False) or getattr(self.config, "layer_norm_folding", False) or inner_hooks_observed(self):
+            return super().forward(hidden_states, **kwargs)
+        x = self.hook_in(hidden_states)
+        return self.hook_out(self.original_component(x).to(x.dtype))
+
+
+_MIXED: dict[tuple[type, type], type] = {}
+
+
+def _mix(component, mixin: type) -> None:
+    cls = type(component)
+    if issubclass(cls, mixin):
+        return
+    if (mixin, cls) not in _MIXED:
+        _MIXED[mixin, cls] = type(f"Native{cls.__name__}", (mixin, cls), {"__module__": cls.__module__})
+    component.__class__ = _MIXED[mixin, cls]
+
+
+def _projections_are_hf_children(attn) -> bool:
+    """Whether the HF attention module calls the bridge's own q, k, v and o components (so its forward fires
+    hook_q / hook_k / hook_v / hook_z)."""
+    hf = attn._modules.get("_original_component")
+    if hf is None:
+        return False
+    children = {id(child) for child in hf.children()}
+    return all(name in attn._modules and id(attn._modules[name]) in children for name in ("q", "k", "v", "o"))
+
+
+def run_native_when_unobserved(bridge) -> dict[str, int]:
+    """Give ``bridge``'s qualifying attention and norm components the HF-native forward (see the module
+    docstring); when every attention component qualifies, HF's attention runs as sdpa. Returns how many
+    components of each kind were switched, for provenance."""
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    attention = [m for m in bridge.modules() if isinstance(m, AttentionBridge)]
+    native_attention = [m for m in attention if _projections_are_hf_children(m)]
+    norms = [m for m in bridge.modules() if isinstance(m, NormalizationBridge)
+             and isinstance(m._modules.get("_original_component"), torch.nn.Module)
+             and not isinstance(m._modules["_original_component"], torch.nn.Identity)]
+    for attn in native_attention:
+        _mix(attn, NativeAttention)
+    for norm in norms:
+        _mix(norm, NativeNorm)
+    if attention and len(native_attention) == len(attention):
+        # The bridge's own attention (still used whenever an inner hook is observed) builds its causal mask when
+        # HF passes none and applies HF's 4D masks (sliding window) as given, so it is exact under sdpa masks too.
+        bridge.original_model.set_attn_implementation("sdpa")
+    return dict(attention=len(native_attention), attention_total=len(attention), norms=len(norms))
