@@ -122,7 +122,11 @@ def test_hooked_effects_equal_closed_forms_and_decompose_exactly(tiny64, family)
     assert ablations.path == "head"  # the last layer: only the head reruns, checked against a full pass
     effects = ablations.per_neuron
     w_out = model.blocks[-1].mlp.W_out.detach().double().numpy()
-    caches = [model.run_with_cache(torch.tensor([ids]))[1] for ids in clean["token_ids"]]
+    # only what is read is cached: an unfiltered cache hooks the attention's inner points, which sends it down the
+    # bridge's own path (float32 softmax even in a float64 model), while the runs above took HF's (native.py)
+    kept = ("blocks.1.mlp.hook_post", "ln_final.hook_in", "ln_final.hook_scale")
+    caches = [model.run_with_cache(torch.tensor([ids]), names_filter=lambda n: n in kept)[1]
+              for ids in clean["token_ids"]]
     post = np.concatenate([c["blocks.1.mlp.hook_post"][0].double().numpy() for c in caches])
     np.testing.assert_allclose(clean["means"], post.mean(0), rtol=1e-10)  # mean over every position
     for i, (ids, cache) in enumerate(zip(clean["token_ids"], caches)):
@@ -251,10 +255,10 @@ def test_full_pass_ablation_of_an_earlier_layer_equals_a_weight_edit(tiny_dirs, 
             out.weight[j] = 0.0
         out.bias += clean["means"][j] * w
     for i, ids in enumerate(clean["token_ids"]):
-        _, cache = edited.run_with_cache(torch.tensor([ids]))
+        _, cache = edited.run_with_cache(torch.tensor([ids]), names_filter="ln_final.hook_in")
         x = cache["ln_final.hook_in"][0].double().numpy()
-        h0, l0 = entropy_and_loss(closed_form_logits(model, model.run_with_cache(torch.tensor([ids]))[1]
-                                                     ["ln_final.hook_in"][0].double().numpy(), None), ids)
+        h0, l0 = entropy_and_loss(closed_form_logits(model, model.run_with_cache(
+            torch.tensor([ids]), names_filter="ln_final.hook_in")[1]["ln_final.hook_in"][0].double().numpy(), None), ids)
         h_tot, l_tot = entropy_and_loss(closed_form_logits(model, x, None), ids)
         h_dir, _ = entropy_and_loss(closed_form_logits(model, x, clean["scale"][i]), ids)
         assert effects["total_entropy"][i] == pytest.approx((h_tot - h0).sum(), abs=1e-9)
