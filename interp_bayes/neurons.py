@@ -275,6 +275,47 @@ def _head(model, resid: torch.Tensor, scale_hook) -> torch.Tensor:
         return model.unembed(model.ln_final(resid))
 
 
+def _scale_of(model, resid: torch.Tensor) -> torch.Tensor:
+    """The final norm's scale of ``resid`` ([..., 1]), from the model's own norm."""
+    seen = {}
+    with model.hooks(fwd_hooks=[(SCALE_HOOK, lambda t, hook: seen.__setitem__("scale", t.detach()))]):
+        model.ln_final(resid)
+    return seen["scale"]
+
+
+class _RankOneHead:
+    """The head's logits for a final residual plus one neuron's write, without a matrix product over the vocabulary.
+
+    At a fixed scale s the head is affine in its input: logits(x) = G(x) / s + beta, with G linear (centring, the
+    norm's weight, the unembedding) and beta = logits(0) at scale 1 (the norm's and the unembedding's biases). For
+    x = resid + c w_out (c per position) with clean logits L0 = G(resid) / s0 + beta:
+    direct (s frozen at s0): L0 + (c / s0) G(w_out); total (s' the scale of x): r L0 + (1 - r) beta + (c / s') G(w_out)
+    with r = s0 / s'. G(w_out) is one head pass of a single vector per neuron, so an ablation costs elementwise work
+    instead of a [positions, d_model] x [d_model, vocab] product; c = 0 gives L0 exactly."""
+
+    def __init__(self, model, w_out: torch.Tensor):
+        self.model, self.w_out, self.write = model, w_out, {}
+        unit = lambda t, hook: torch.ones_like(t)  # noqa: E731 - the scale hook of the affine parts
+        self.beta = _head(model, torch.zeros(1, 1, w_out.shape[1], dtype=w_out.dtype, device=w_out.device), unit)[0, 0]
+        self._unit = unit
+
+    def g(self, j: int) -> torch.Tensor:
+        """G(w_out[j]): [vocab]."""
+        if j not in self.write:
+            self.write[j] = _head(self.model, self.w_out[j][None, None], self._unit)[0, 0] - self.beta
+        return self.write[j]
+
+    def logits(self, j: int, c: torch.Tensor, resid: torch.Tensor, clean: torch.Tensor, s0: torch.Tensor,
+               frozen: bool) -> torch.Tensor:
+        """Logits [batch, pos, vocab] of resid + c w_out[j] (c: [batch, pos]), scale frozen at s0 or its own."""
+        c = c[..., None].to(clean.dtype)
+        if frozen:
+            return clean + (c / s0) * self.g(j)
+        s = _scale_of(self.model, resid + c * self.w_out[j])
+        r = s0 / s
+        return r * clean + (1 - r) * self.beta + (c / s) * self.g(j)
+
+
 @dataclass
 class AblationEffects:
     """Per neuron, per prompt: summed changes ``{total,direct}_{entropy,loss,final}`` (bits) from mean ablation, and
@@ -296,9 +337,10 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     absent).
 
     In the last layer the neuron writes straight into the final residual, so the ablated residual is the clean one
-    plus (mean - activation) w_out and only the final norm and unembedding are rerun (full hooked passes check that
+    plus (mean - activation) w_out, and its logits follow from the clean ones through the head's affine form
+    (``_RankOneHead``: elementwise work per ablation, one unembedding per batch). Full hooked passes check that
     shortcut for the first neuron on the first batch, and every pass is a full one if it does not hold, as for a
-    model with a norm after its MLP). Other layers rerun the whole model with the ablation hooked on ``hook_post``."""
+    model with a norm after its MLP. Other layers rerun the whole model with the ablation hooked on ``hook_post``."""
     from tqdm.auto import tqdm
 
     idx = _layer(model, layer)
@@ -319,8 +361,12 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     head_only = last
     bar = tqdm(total=len(neurons) * len(batches), desc="ablations", disable=not progress)
     with _quiet_scale_edits():
+        head = _RankOneHead(model, w_out) if last else None
         for step, (b, frozen) in enumerate(zip(batches, clean["scale_tensors"])):
             ids = torch.tensor([token_ids[i] for i in b], device=device)
+            if head_only:
+                resid, post = clean["head_inputs"][step]
+                clean_logits = _head(model, resid, lambda t, hook: t.clone())  # the clean run's arithmetic
             for j in neurons:
                 ablate = (POST_HOOK.format(layer=idx), _ablate([j], means[[j]]))
                 for cond, scale_hook in (("total", lambda t, hook: t.clone()),
@@ -330,9 +376,8 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                         with model.hooks(fwd_hooks=[ablate, (SCALE_HOOK, scale_hook)]):
                             full = model(ids)
                     if head_only:
-                        resid, post = clean["head_inputs"][step]
-                        delta = (means[j] - post[..., j])[..., None] * w_out[j].to(post.dtype)
-                        logits = _head(model, resid + delta, scale_hook)
+                        logits = head.logits(j, means[j] - post[..., j], resid, clean_logits, frozen,
+                                             frozen=cond == "direct")
                         if full is not None and not torch.allclose(logits, full, rtol=1e-4, atol=1e-4):
                             head_only = False  # the shortcut does not hold for this model: full passes from now on
                             logits = full
