@@ -44,6 +44,8 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
+    p.add_argument("--set", nargs="+", default=(), metavar="PROBE.PARAM=VALUE", dest="assignments",
+                   help="override recipe parameters, e.g. interventions.controls.isotropic=3 (values are YAML)")
     p.add_argument("--redo", nargs="+", default=(), metavar="PROBE", help="recompute these probes even if cached")
     p.add_argument("--dry-run", action="store_true", help="print what is cached and what the rest will cost; run nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
@@ -51,7 +53,7 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .config import SweepConfig
+    from .config import SweepConfig, parse_set
     from .report.tables import markdown_summary
     from .sweep import plan_sweep, run_sweep
 
@@ -59,7 +61,7 @@ def _sweep(args: argparse.Namespace) -> int:
     config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts,
                            probes=args.probes, layers=args.layers, seed=args.seed, dtype=args.dtype,
                            device=args.device, batch_size=args.batch_size, threads=args.threads,
-                           quiet=True if args.quiet else None)
+                           quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)))
     if args.dry_run:
         return _print_plan(plan_sweep(config))
     run = run_sweep(config, redo=args.redo)

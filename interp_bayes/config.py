@@ -14,7 +14,8 @@ from .models import DEFAULT_MODEL
 
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
-_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes"}
+# (recipe overrides, like the probe list, act through each probe's own cache key)
+_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes", "overrides"}
 
 
 @dataclass
@@ -33,6 +34,8 @@ class SweepConfig:
     batch_size: int | None = None  # None: about 2048 tokens per forward pass
     threads: int | None = None  # torch CPU threads (None: torch's default); 1 is faster on a busy machine
     quiet: bool = False
+    # recipe parameters by probe name, merged over the recipe (nested mappings key by key): ``--set probe.key=value``
+    overrides: dict[str, dict] = field(default_factory=dict)
 
     def digest(self) -> str:
         """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
@@ -63,5 +66,32 @@ class SweepConfig:
         return cls.from_dict(data)
 
     def override(self, **flags) -> "SweepConfig":
-        """A copy with every flag that is not None applied."""
-        return SweepConfig.from_dict({**asdict(self), **{k: v for k, v in flags.items() if v is not None}})
+        """A copy with every flag that is not None applied (``overrides`` merge into the existing ones)."""
+        data = {**asdict(self), **{k: v for k, v in flags.items() if v is not None and k != "overrides"}}
+        data["overrides"] = merge(self.overrides, flags.get("overrides") or {})
+        return SweepConfig.from_dict(data)
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """``base`` updated by ``extra``, nested mappings merged key by key (new objects; neither input changes)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_set(assignments: list[str]) -> dict[str, dict]:
+    """``["interventions.controls.isotropic=3", "icl.per_k=20"]`` -> nested overrides by probe name; values are
+    YAML (``3``, ``[cut, only]``, ``{isotropic: 3, pcs: 1}``)."""
+    out: dict = {}
+    for item in assignments:
+        path, sep, text = item.partition("=")
+        keys = path.strip().split(".")
+        if not sep or len(keys) < 2 or not all(keys):
+            raise ConfigError(f"--set takes PROBE.PARAMETER=VALUE (e.g. interventions.controls.isotropic=3), "
+                              f"not {item!r}.")
+        value = yaml.safe_load(text)
+        for key in reversed(keys[1:]):
+            value = {key: value}
+        out = merge(out, {keys[0]: value})
+    return out

@@ -50,9 +50,12 @@ def builtin_probes() -> list[str]:
     return sorted(p.stem for p in PROBES_DIR.glob("*.yaml"))
 
 
-def load_probe(name_or_path: str | Path) -> Probe:
-    """A built-in recipe by name or a YAML file with ``kind:`` and parameters (unknown parameters are refused)."""
+def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = None) -> Probe:
+    """A built-in recipe by name or a YAML file with ``kind:`` and parameters (unknown parameters are refused).
+    ``overrides[probe name]``, if present, is merged over the recipe's parameters (``config.merge``)."""
     import yaml
+
+    from .config import merge
 
     path = Path(name_or_path)
     if not path.suffix:
@@ -69,6 +72,7 @@ def load_probe(name_or_path: str | Path) -> Probe:
     kind = get_kind(ref)
     name = str(data.pop("name", path.stem))
     default = bool(data.pop("default", True))
+    data = merge(data, (overrides or {}).get(name, {}))
     return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref, default=default)
 
 
@@ -309,9 +313,13 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def _probes(config: SweepConfig) -> list[Probe]:
     """The named recipes, or every built-in recipe that is not opt-in (``default: false``)."""
-    probes = [load_probe(name) for name in config.probes] if config.probes else \
-        [p for p in map(load_probe, builtin_probes()) if p.default]
+    probes = [load_probe(name, config.overrides) for name in config.probes] if config.probes else \
+        [p for p in (load_probe(name, config.overrides) for name in builtin_probes()) if p.default]
     names = [p.name for p in probes]
+    stray = sorted(set(config.overrides) - set(names))
+    if stray:
+        raise ConfigError(f"Overrides name probe(s) {', '.join(stray)} that this sweep does not run; its probes: "
+                          f"{', '.join(names)}.")
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"Two probes are named {', '.join(dupes)}; give each recipe its own name (file name or "
