@@ -44,6 +44,7 @@ sweep: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/extract.py $(ARGS)
 	$(PY) bench/interventions.py
+	$(PY) bench/neurons.py
 	$(PY) bench/windtunnel.py
 	$(PY) bench/dynamics.py
 	$(PY) bench/grid.py

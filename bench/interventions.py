@@ -148,16 +148,18 @@ def time_full_protocol(model, name: str) -> None:
           f"would take {naive_run * (1 + len(result.rows)) / 60:.1f} min ({len(summary)} summary rows)", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every two-model benchmark takes: --models, --repeats, --threads."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "llama-0.5b"],
                         help="smollm2-135m and/or llama-0.5b (random init)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--draws", type=int, default=3, help="isotropic and matched draws of the fast run (pcs: 1)")
-    parser.add_argument("--naive-draws", type=int, default=0, help="isotropic draws of the naive run")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--full", action="store_true", help="time the full protocol once instead (fast path only)")
-    args = parser.parse_args()
+    return parser
+
+
+def bench_models(args):
+    """(name, bridge) for each of ``args.models``, after setting the threads and printing the setting."""
     torch.set_num_threads(args.threads)
     import interp_bayes as ib
 
@@ -165,13 +167,21 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     smollm2 = ib.load_model("smollm2-135m")
     for name in args.models:
-        model = smollm2 if name == "smollm2-135m" else llama_05b(ib.model_info(smollm2).source)
+        yield name, smollm2 if name == "smollm2-135m" else llama_05b(ib.model_info(smollm2).source)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
+    parser.add_argument("--draws", type=int, default=3, help="isotropic and matched draws of the fast run (pcs: 1)")
+    parser.add_argument("--naive-draws", type=int, default=0, help="isotropic draws of the naive run")
+    parser.add_argument("--full", action="store_true", help="time the full protocol once instead (fast path only)")
+    args = parser.parse_args()
+    for name, model in bench_models(args):
         if args.full:
             time_full_protocol(model, name)
         else:
             bench_model(model, name, args)
-        del model
-    print(f"load average at the end {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
 
 if __name__ == "__main__":
