@@ -1,7 +1,7 @@
 """Benchmark: ib.collect on SmolLM2-135M against a bare Hugging Face forward over the same batches.
 
-64 prompts of 24-48 tokens; all are timed alternately in one process (several repeats) and the median ratio
-printed, in wall-clock time and in this process's CPU time (the steadier of the two on a shared machine). Beside
+64 prompts of 24-48 tokens; all are timed alternately, batch by batch, in one process (several repeats) and the
+median ratio printed, in wall-clock time and in this process's CPU time (the steadier of the two on a shared machine). Beside
 collect and the bare HF forwards (sdpa, the default, and eager, the kernels the bridge uses) the bridge's own
 forward with no hook attached is timed, so the overhead splits into what TransformerLens's bridge costs and what
 collect adds (hooks, copies to the CPU, entropy). Peak RSS is measured in a fresh subprocess that only loads the
@@ -84,29 +84,29 @@ def main() -> None:
     baselines = {impl: AutoModelForCausalLM.from_pretrained(folder, attn_implementation=impl).eval()
                  for impl in ("sdpa", "eager")}
     prompts = bench_prompts(model.tokenizer)
-    batches = [torch.tensor([prompts[i] for i in idx]) for idx in length_batches(prompts, None)]
-
-    @torch.no_grad()
-    def bare(hf) -> None:
-        for ids in batches:
-            hf(ids, logits_to_keep=1)
-
-    @torch.no_grad()
-    def bridge() -> None:  # what collect's forward costs before collect adds anything
-        for ids in batches:
-            final_logits(model, ids)
-
-    runs = {"collect": lambda: ib.collect(model, prompts, progress=False), "bridge": bridge,
-            **{impl: lambda hf=hf: bare(hf) for impl, hf in baselines.items()}}
-    for fn in runs.values():  # warm-up
-        fn()
+    groups = list(length_batches(prompts, None))
+    batches = [torch.tensor([prompts[i] for i in idx]) for idx in groups]
+    runs = {"collect": lambda b: ib.collect(model, [prompts[i] for i in groups[b]], progress=False),
+            "bridge": lambda b: final_logits(model, batches[b]),  # what collect's forward costs before collect adds
+            **{impl: lambda b, hf=hf: hf(batches[b], logits_to_keep=1) for impl, hf in baselines.items()}}
     times: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in runs}, "cpu": {k: [] for k in runs}}
-    for _ in range(args.repeats):  # alternate so drift in machine load hits all alike
-        for name, fn in runs.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            times["wall"][name].append(time.perf_counter() - wall)
-            times["cpu"][name].append(time.process_time() - cpu)
+    with torch.no_grad():
+        for b in range(len(batches)):  # warm-up
+            for fn in runs.values():
+                fn(b)
+        # Alternate batch by batch (collect too runs one equal-length batch per call, its per-call work included),
+        # so that the machine's load, which drifts within seconds on a shared host, hits every variant alike.
+        for _ in range(args.repeats):
+            total = {clock: dict.fromkeys(runs, 0.0) for clock in times}
+            for b in range(len(batches)):
+                for name, fn in runs.items():
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    fn(b)
+                    total["wall"][name] += time.perf_counter() - wall
+                    total["cpu"][name] += time.process_time() - cpu
+            for clock in times:
+                for name in runs:
+                    times[clock][name].append(total[clock][name])
     print(f"prompts {len(prompts)} ({MIN_LEN}-{MAX_LEN} tokens) in {len(batches)} equal-length batches, "
           f"{args.threads} threads, {args.repeats} repeats, load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
@@ -116,7 +116,7 @@ def main() -> None:
         print(f"{clock}: median seconds: ib.collect {med['collect']:.3f} | bridge forward alone {med['bridge']:.3f} | "
               f"bare HF sdpa {med['sdpa']:.3f} | bare HF eager {med['eager']:.3f}")
         print(f"  collect / bare HF sdpa (the default) {med['collect'] / med['sdpa']:.3f} (target <= 1.05; per repeat "
-              f"{min(spread):.3f}-{max(spread):.3f}) | collect / bare HF eager {med['collect'] / med['eager']:.3f} | "
+              f"{min(spread):.3f}-{max(spread):.3f}, median of the per-repeat ratios {statistics.median(spread):.3f}) | collect / bare HF eager {med['collect'] / med['eager']:.3f} | "
               f"bridge alone / eager {med['bridge'] / med['eager']:.3f} | collect / bridge alone "
               f"{med['collect'] / med['bridge']:.3f}")
     target_rss = 1.5 * rss["weight_mb"] + 300
