@@ -14,6 +14,10 @@ component back to the bridge's own forward for that call, so those hooks see exa
 attention whose HF module holds separate q / k / v / o projections (Llama, Mistral, Qwen2, Phi, SmolLM2, ...)
 qualifies; a fused qkv projection (GPT-NeoX / Pythia, GPT-2) keeps the bridge's attention, because HF's module
 would never fire ``hook_v`` there.
+
+Two more mixins drop per-call work of the bridge that does nothing here: ``Resident`` (no accelerate device context
+around each component call when no weight is offloaded) and ``PassKwargs`` (a block whose HF layer takes
+``**kwargs`` passes every keyword through without reading the layer's signature on each call).
 """
 
 from __future__ import annotations
@@ -67,6 +71,22 @@ class NativeNorm:
         return self.hook_out(self.original_component(x).to(x.dtype))
 
 
+class Resident:
+    """Mixed into every bridge component when no weight is offloaded: TransformerLens wraps each component call in
+    accelerate's ``align_module_device`` context, which only matters for offloaded weights."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+
+
+class PassKwargs:
+    """Mixed into a block bridge whose HF layer takes ``**kwargs``: TransformerLens's filter then passes every keyword
+    through, but reads the layer's signature on every call to find that out."""
+
+    def _filter_kwargs_for_forward(self, kwargs: dict, num_positional_args: int = 0) -> dict:
+        return kwargs
+
+
 _MIXED: dict[tuple[type, type], type] = {}
 
 
@@ -75,7 +95,7 @@ def _mix(component, mixin: type) -> None:
     if issubclass(cls, mixin):
         return
     if (mixin, cls) not in _MIXED:
-        _MIXED[mixin, cls] = type(f"Native{cls.__name__}", (mixin, cls), {"__module__": cls.__module__})
+        _MIXED[mixin, cls] = type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": cls.__module__})
     component.__class__ = _MIXED[mixin, cls]
 
 
@@ -89,11 +109,22 @@ def _projections_are_hf_children(attn) -> bool:
     return all(name in attn._modules and id(attn._modules[name]) in children for name in ("q", "k", "v", "o"))
 
 
+def _takes_any_kwargs(block) -> bool:
+    import inspect
+
+    hf = block._modules.get("_original_component")
+    return hf is not None and any(p.kind == inspect.Parameter.VAR_KEYWORD
+                                  for p in inspect.signature(hf.forward).parameters.values())
+
+
 def run_native_when_unobserved(bridge) -> dict[str, int]:
-    """Give ``bridge``'s qualifying attention and norm components the HF-native forward (see the module
-    docstring); when every attention component qualifies, HF's attention runs as sdpa. Returns how many
-    components of each kind were switched, for provenance."""
+    """Give ``bridge``'s qualifying attention and norm components the HF-native forward, and its blocks and
+    components the two per-call shortcuts (see the module docstring); when every attention component qualifies,
+    HF's attention runs as sdpa. Returns what was switched, for provenance."""
+    from accelerate.utils import has_offloaded_params
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+    from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+    from transformer_lens.model_bridge.generalized_components.block import BlockBridge
     from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
 
     attention = [m for m in bridge.modules() if isinstance(m, AttentionBridge)]
@@ -105,8 +136,16 @@ def run_native_when_unobserved(bridge) -> dict[str, int]:
         _mix(attn, NativeAttention)
     for norm in norms:
         _mix(norm, NativeNorm)
+    blocks = [m for m in bridge.modules() if isinstance(m, BlockBridge) and _takes_any_kwargs(m)]
+    for block in blocks:
+        _mix(block, PassKwargs)
+    resident = not any(has_offloaded_params(m) for m in bridge.original_model.modules())
+    if resident:
+        for component in [m for m in bridge.modules() if isinstance(m, GeneralizedComponent)]:
+            _mix(component, Resident)
     if attention and len(native_attention) == len(attention):
         # The bridge's own attention (still used whenever an inner hook is observed) builds its causal mask when
         # HF passes none and applies HF's 4D masks (sliding window) as given, so it is exact under sdpa masks too.
         bridge.original_model.set_attn_implementation("sdpa")
-    return dict(attention=len(native_attention), attention_total=len(attention), norms=len(norms))
+    return dict(attention=len(native_attention), attention_total=len(attention), norms=len(norms),
+                blocks_passing_kwargs=len(blocks), resident=resident)

@@ -110,6 +110,7 @@ def test_attention_goes_native_only_where_hf_calls_the_bridges_projections(tiny)
     assert native["attention_total"] == bridge.cfg.n_layers and native["norms"] == 2 * bridge.cfg.n_layers + 1 - (
         bridge.cfg.n_layers if hf.config.model_type == "phi" else 0)  # Phi's blocks have one norm
     assert native["attention"] == (bridge.cfg.n_layers if separate else 0)
+    assert native["resident"] and native["blocks_passing_kwargs"] == bridge.cfg.n_layers  # nothing offloaded
     assert bridge.original_model.config._attn_implementation == ("sdpa" if separate else "eager")
 
 
