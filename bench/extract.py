@@ -1,8 +1,9 @@
 """Benchmark: ib.collect on SmolLM2-135M against a bare Hugging Face forward over the same batches.
 
 64 prompts of 24-48 tokens; all are timed alternately, batch by batch, in one process (several repeats) and the
-median ratio printed, in wall-clock time and in this process's CPU time (the steadier of the two on a shared machine). Beside
-collect and the bare HF forwards (sdpa, the default, and eager, the kernels the bridge uses) the bridge's own
+median ratio printed, in wall-clock time and in this process's CPU time (the steadier of the two on a shared
+machine). Beside collect and the bare HF forwards (sdpa, the default, and eager, the kernels of the bridge's own
+attention when a hook observes its pattern) the bridge's own
 forward with no hook attached is timed, so the overhead splits into what TransformerLens's bridge costs and what
 collect adds (hooks, copies to the CPU, entropy). Peak RSS is measured in a fresh subprocess that only loads the
 model and runs ib.collect, so the baseline model's memory does not count against it. Targets (issues 2 and 16):
@@ -116,7 +117,9 @@ def main() -> None:
         print(f"{clock}: median seconds: ib.collect {med['collect']:.3f} | bridge forward alone {med['bridge']:.3f} | "
               f"bare HF sdpa {med['sdpa']:.3f} | bare HF eager {med['eager']:.3f}")
         print(f"  collect / bare HF sdpa (the default) {med['collect'] / med['sdpa']:.3f} (target <= 1.05; per repeat "
-              f"{min(spread):.3f}-{max(spread):.3f}, median of the per-repeat ratios {statistics.median(spread):.3f}) | collect / bare HF eager {med['collect'] / med['eager']:.3f} | "
+              f"{min(spread):.3f}-{max(spread):.3f}, median of the per-repeat ratios "
+              f"{statistics.median(spread):.3f}) | "
+              f"collect / bare HF eager {med['collect'] / med['eager']:.3f} | "
               f"bridge alone / eager {med['bridge'] / med['eager']:.3f} | collect / bridge alone "
               f"{med['collect'] / med['bridge']:.3f}")
     target_rss = 1.5 * rss["weight_mb"] + 300

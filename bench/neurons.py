@@ -4,9 +4,9 @@
 unembedding per batch, elementwise work per ablation). The baseline, timed alternately in the same process, is
 what it did before: the final norm and the unembedding rerun on every ablated residual at every position. Both
 compute the same per-prompt effects (the maximum difference is printed). The sweep's setting: ``entropy_neurons``'
-96 prompts of the default pool and 5 candidates + 10 random neurons of the last layer, on SmolLM2-135M and on a random-init
-Llama of Qwen2.5-0.5B's shape (vocabulary 151,936, where the unembedding dominates). Medians over repeats, wall
-and CPU time; one thread by default.
+96 prompts of the default pool and 5 candidates + 10 random neurons of the last layer, on SmolLM2-135M and on a
+random-init Llama of Qwen2.5-0.5B's shape (vocabulary 151,936, where the unembedding dominates). Medians over
+repeats, wall and CPU time; one thread by default.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ def rerun_head(model, clean: dict, neurons: list[int]) -> dict[int, dict[str, np
             resid, post = clean["head_inputs"][step]
             for j in neurons:
                 delta = (means[j] - post[..., j])[..., None] * w_out[j]
-                for cond, hook in (("total", lambda t, hook: t.clone()), ("direct", lambda t, hook, s=frozen: s.clone())):
-                    stats = _batch_stats(_head(model, resid + delta, hook), ids, None)
+                for cond, hook in (("total", lambda t, hook: t.clone()),
+                                   ("direct", lambda t, hook, s=frozen: s.clone())):
+                    entropy = _batch_stats(_head(model, resid + delta, hook), ids, None)["entropy"].double().numpy()
                     for r, i in enumerate(b):
-                        out[j][f"{cond}_entropy"][i] = (stats["entropy"][r].double().numpy() - clean["entropy"][i]).sum()
+                        out[j][f"{cond}_entropy"][i] = (entropy[r] - clean["entropy"][i]).sum()
     return out
 
 
@@ -78,9 +79,9 @@ def bench_model(model, name: str, repeats: int, n_prompts: int) -> None:
           f"vocabulary {model.cfg.d_vocab}; max |difference| of summed entropy effects {diff:.2e} bits")
     for clock, by in times.items():
         med = {k: statistics.median(v) for k, v in by.items()}
+        ratios = ", ".join(f"{a / r:.3f}" for a, r in zip(by["affine"], by["rerun"]))
         print(f"  {clock}: affine head {med['affine']:.2f}s | rerun head {med['rerun']:.2f}s | ratio "
-              f"{med['affine'] / med['rerun']:.3f} (repeats {', '.join(f'{a / r:.3f}' for a, r in zip(by['affine'], by['rerun']))})",
-              flush=True)
+              f"{med['affine'] / med['rerun']:.3f} (repeats {ratios})", flush=True)
 
 
 def main() -> None:

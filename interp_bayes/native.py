@@ -22,14 +22,16 @@ around each component call when no weight is offloaded) and ``PassKwargs`` (a bl
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 
 EDGES = ("hook_in", "hook_out")
-# Config flags under which the bridge's attention does something HF's module does not (split inputs, per-head
-# results, gated queries): the bridge's forward runs.
-BRIDGE_ONLY_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result", "gated_q_proj")
+# Config flags under which the bridge's component does something HF's module does not: split inputs, per-head
+# results and gated queries for attention, folded weights for norms.
+ATTENTION_BRIDGE_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result", "gated_q_proj")
+NORM_BRIDGE_FLAGS = ("layer_norm_folding",)
 
 
 def _hooked(module: torch.nn.Module) -> bool:
@@ -45,12 +47,17 @@ def inner_hooks_observed(component) -> bool:
                if isinstance(m, HookPoint) and name not in EDGES)
 
 
+def _bridge_forward_needed(component, flags: tuple[str, ...]) -> bool:
+    """Compatibility mode, one of ``flags`` set in the config, or an observed inner hook point."""
+    return (getattr(component, "compatibility_mode", False) or any(getattr(component.config, f, False) for f in flags)
+            or inner_hooks_observed(component))
+
+
 class NativeAttention:
-    """Mixed in before a bridge attention class: HF's attention module unless an inner hook point is observed."""
+    """Mixed in before a bridge attention class: HF's attention module unless the bridge's forward is needed."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if (getattr(self, "compatibility_mode", False) or inner_hooks_observed(self)
-                or any(getattr(self.config, flag, False) for flag in BRIDGE_ONLY_FLAGS)):
+        if _bridge_forward_needed(self, ATTENTION_BRIDGE_FLAGS):
             return super().forward(*args, **kwargs)
         if "hidden_states" in kwargs:
             hidden = kwargs.pop("hidden_states")
@@ -62,10 +69,10 @@ class NativeAttention:
 
 class NativeNorm:
     """Mixed in before a bridge normalisation class: HF's norm unless ``hook_scale`` / ``hook_normalized`` (or
-    another inner hook point) is observed."""
+    another inner hook point) is observed, or the bridge's forward is otherwise needed."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if getattr(self, "compatibility_mode", False) or getattr(self.config, "layer_norm_folding", False) or inner_hooks_observed(self):
+        if _bridge_forward_needed(self, NORM_BRIDGE_FLAGS):
             return super().forward(hidden_states, **kwargs)
         x = self.hook_in(hidden_states)
         return self.hook_out(self.original_component(x).to(x.dtype))
@@ -110,14 +117,12 @@ def _projections_are_hf_children(attn) -> bool:
 
 
 def _takes_any_kwargs(block) -> bool:
-    import inspect
-
     hf = block._modules.get("_original_component")
     return hf is not None and any(p.kind == inspect.Parameter.VAR_KEYWORD
                                   for p in inspect.signature(hf.forward).parameters.values())
 
 
-def run_native_when_unobserved(bridge) -> dict[str, int]:
+def run_native_when_unobserved(bridge) -> dict:
     """Give ``bridge``'s qualifying attention and norm components the HF-native forward, and its blocks and
     components the two per-call shortcuts (see the module docstring); when every attention component qualifies,
     HF's attention runs as sdpa. Returns what was switched, for provenance."""
@@ -127,22 +132,18 @@ def run_native_when_unobserved(bridge) -> dict[str, int]:
     from transformer_lens.model_bridge.generalized_components.block import BlockBridge
     from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
 
-    attention = [m for m in bridge.modules() if isinstance(m, AttentionBridge)]
+    components = [m for m in bridge.modules() if isinstance(m, GeneralizedComponent)]
+    attention = [m for m in components if isinstance(m, AttentionBridge)]
     native_attention = [m for m in attention if _projections_are_hf_children(m)]
-    norms = [m for m in bridge.modules() if isinstance(m, NormalizationBridge)
+    norms = [m for m in components if isinstance(m, NormalizationBridge)
              and isinstance(m._modules.get("_original_component"), torch.nn.Module)
              and not isinstance(m._modules["_original_component"], torch.nn.Identity)]
-    for attn in native_attention:
-        _mix(attn, NativeAttention)
-    for norm in norms:
-        _mix(norm, NativeNorm)
-    blocks = [m for m in bridge.modules() if isinstance(m, BlockBridge) and _takes_any_kwargs(m)]
-    for block in blocks:
-        _mix(block, PassKwargs)
+    blocks = [m for m in components if isinstance(m, BlockBridge) and _takes_any_kwargs(m)]
     resident = not any(has_offloaded_params(m) for m in bridge.original_model.modules())
-    if resident:
-        for component in [m for m in bridge.modules() if isinstance(m, GeneralizedComponent)]:
-            _mix(component, Resident)
+    for group, mixin in ((native_attention, NativeAttention), (norms, NativeNorm), (blocks, PassKwargs),
+                         (components if resident else [], Resident)):
+        for component in group:
+            _mix(component, mixin)
     if attention and len(native_attention) == len(attention):
         # The bridge's own attention (still used whenever an inner hook is observed) builds its causal mask when
         # HF passes none and applies HF's 4D masks (sliding window) as given, so it is exact under sdpa masks too.

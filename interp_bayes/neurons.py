@@ -283,6 +283,11 @@ def _scale_of(model, resid: torch.Tensor) -> torch.Tensor:
     return seen["scale"]
 
 
+def _unit_scale(scale: torch.Tensor, hook) -> torch.Tensor:
+    """A scale hook setting the final norm's scale to 1: the head's affine parts."""
+    return torch.ones_like(scale)
+
+
 class _RankOneHead:
     """The head's logits for a final residual plus one neuron's write, without a matrix product over the vocabulary.
 
@@ -295,21 +300,20 @@ class _RankOneHead:
 
     def __init__(self, model, w_out: torch.Tensor):
         self.model, self.w_out, self.write = model, w_out, {}
-        unit = lambda t, hook: torch.ones_like(t)  # noqa: E731 - the scale hook of the affine parts
-        self.beta = _head(model, torch.zeros(1, 1, w_out.shape[1], dtype=w_out.dtype, device=w_out.device), unit)[0, 0]
-        self._unit = unit
+        zero = torch.zeros(1, 1, w_out.shape[1], dtype=w_out.dtype, device=w_out.device)
+        self.beta = _head(model, zero, _unit_scale)[0, 0]
 
     def g(self, j: int) -> torch.Tensor:
         """G(w_out[j]): [vocab]."""
         if j not in self.write:
-            self.write[j] = _head(self.model, self.w_out[j][None, None], self._unit)[0, 0] - self.beta
+            self.write[j] = _head(self.model, self.w_out[j][None, None], _unit_scale)[0, 0] - self.beta
         return self.write[j]
 
     def logits(self, j: int, c: torch.Tensor, resid: torch.Tensor, clean: torch.Tensor, s0: torch.Tensor,
-               frozen: bool) -> torch.Tensor:
+               freeze_scale: bool) -> torch.Tensor:
         """Logits [batch, pos, vocab] of resid + c w_out[j] (c: [batch, pos]), scale frozen at s0 or its own."""
         c = c[..., None].to(clean.dtype)
-        if frozen:
+        if freeze_scale:
             return clean + (c / s0) * self.g(j)
         s = _scale_of(self.model, resid + c * self.w_out[j])
         r = s0 / s
@@ -377,7 +381,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                             full = model(ids)
                     if head_only:
                         logits = head.logits(j, means[j] - post[..., j], resid, clean_logits, frozen,
-                                             frozen=cond == "direct")
+                                             freeze_scale=cond == "direct")
                         if full is not None and not torch.allclose(logits, full, rtol=1e-4, atol=1e-4):
                             head_only = False  # the shortcut does not hold for this model: full passes from now on
                             logits = full

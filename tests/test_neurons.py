@@ -257,8 +257,9 @@ def test_full_pass_ablation_of_an_earlier_layer_equals_a_weight_edit(tiny_dirs, 
     for i, ids in enumerate(clean["token_ids"]):
         _, cache = edited.run_with_cache(torch.tensor([ids]), names_filter="ln_final.hook_in")
         x = cache["ln_final.hook_in"][0].double().numpy()
-        h0, l0 = entropy_and_loss(closed_form_logits(model, model.run_with_cache(
-            torch.tensor([ids]), names_filter="ln_final.hook_in")[1]["ln_final.hook_in"][0].double().numpy(), None), ids)
+        clean_cache = model.run_with_cache(torch.tensor([ids]), names_filter="ln_final.hook_in")[1]
+        h0, l0 = entropy_and_loss(closed_form_logits(model, clean_cache["ln_final.hook_in"][0].double().numpy(), None),
+                                  ids)
         h_tot, l_tot = entropy_and_loss(closed_form_logits(model, x, None), ids)
         h_dir, _ = entropy_and_loss(closed_form_logits(model, x, clean["scale"][i]), ids)
         assert effects["total_entropy"][i] == pytest.approx((h_tot - h0).sum(), abs=1e-9)
