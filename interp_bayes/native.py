@@ -15,6 +15,14 @@ attention whose HF module holds separate q / k / v / o projections (Llama, Mistr
 qualifies; a fused qkv projection (GPT-NeoX / Pythia, GPT-2) keeps the bridge's attention, because HF's module
 would never fire ``hook_v`` there.
 
+A block whose components all qualify goes one step further (``NativeBlock``): while nothing anywhere inside it is
+observed (no hook on any hook point, component or HF module of the block), it runs an unwrapped copy of its HF
+layer, whose children are HF's own modules (the very same weights) instead of the bridge components around them.
+That is HF's forward call for call, without the ~40 component and hook-point calls per layer that only matter when
+somebody listens. The first hook anywhere in the block, ``stop_at_layer`` / ``start_at_layer`` at that block, or
+anything that sends a component back to the bridge's forward, sends the whole block through the bridge for that
+call.
+
 Two more mixins drop per-call work of the bridge that does nothing here: ``Resident`` (no accelerate device context
 around each component call when no weight is offloaded) and ``PassKwargs`` (a block whose HF layer takes
 ``**kwargs`` passes every keyword through without reading the layer's signature on each call).
@@ -22,16 +30,23 @@ around each component call when no weight is offloaded) and ``PassKwargs`` (a bl
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
 import torch
+from torch.nn.modules import module as torch_module
 
 EDGES = ("hook_in", "hook_out")
 # Config flags under which the bridge's component does something HF's module does not: split inputs, per-head
 # results and gated queries for attention, folded weights for norms.
 ATTENTION_BRIDGE_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result", "gated_q_proj")
 NORM_BRIDGE_FLAGS = ("layer_norm_folding",)
+BRIDGE_FLAGS = ATTENTION_BRIDGE_FLAGS + NORM_BRIDGE_FLAGS
+
+
+GLOBAL_HOOKS = (torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
+                torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)
 
 
 def _hooked(module: torch.nn.Module) -> bool:
@@ -76,6 +91,97 @@ class NativeNorm:
             return super().forward(hidden_states, **kwargs)
         x = self.hook_in(hidden_states)
         return self.hook_out(self.original_component(x).to(x.dtype))
+
+
+class NativeBlock:
+    """Mixed in before a block bridge whose attention and norms are native: the unwrapped HF layer while nothing in
+    the block is observed (module docstring), else the bridge's block forward."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        layer = _unobserved_layer(self)
+        if layer is None:
+            return super().forward(*args, **kwargs)
+        kwargs = self._filter_kwargs_for_forward(kwargs, len(args))
+        # The bridge's own output convention (a tuple for a standalone block(hidden) call); hook_out is unobserved.
+        return self._apply_output_hook(layer(*args, **kwargs),
+                                       force_tuple_for_bare_tensor=self._is_standalone_hidden_state_call(args, kwargs))
+
+
+def _unwrap(module: torch.nn.Module, sources: list) -> torch.nn.Module:
+    """``module`` with every bridge component in its subtree replaced by the HF module it wraps: shallow copies of
+    the HF containers on the way (their parameter, buffer and hook dicts are the originals' own), the HF leaves
+    themselves. ``sources`` collects (component, wrapped module) pairs, to notice a rewrapped component later."""
+    from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+
+    if isinstance(module, GeneralizedComponent):
+        inner = module._modules["_original_component"]
+        sources.append((module, inner))
+        return _unwrap(inner, sources)
+    if not any(isinstance(m, GeneralizedComponent) for m in module.modules()):
+        return module
+    clone = copy.copy(module)
+    clone._modules = {name: _unwrap(child, sources) for name, child in module._modules.items()}
+    return clone
+
+
+def _wire_unwrapped_layer(block) -> None:
+    from transformer_lens.hook_points import HookPoint
+    from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+
+    block._maybe_wire_capture_hooks()  # TL's own input-capture hooks, installed now rather than on a first call
+    sources: list = []
+    layer = _unwrap(block._modules["_original_component"], sources)
+    # What the unwrapped layer skips, so whose hooks would not fire: the block's components and hook points (HF's
+    # modules keep theirs: the copies share the originals' hook dicts, the leaves are the originals).
+    skipped = tuple(m for m in block.modules() if isinstance(m, (GeneralizedComponent, HookPoint)))
+    configs = tuple({id(c.config): c.config for c in skipped if getattr(c, "config", None) is not None}.values())
+    # Kept outside the module tree (object.__setattr__): the copies add no parameter, state-dict entry or child.
+    object.__setattr__(block, "_native_layer", (layer, tuple(sources), skipped, configs))
+
+
+def _unobserved_layer(block) -> torch.nn.Module | None:
+    """The block's unwrapped HF layer, or None when the bridge's block forward is needed: a hook on any of the
+    block's components or hook points (other than the block's own input-capture hooks, which only act for split-qkv
+    inputs and hook_mlp_in) or a forward replaced on one of them (``prefix.per_copy``), a global module hook, stop/start_at_layer here, a traced call, or a component that
+    needs its bridge forward (compatibility mode, processed weights, a config flag)."""
+    if (any(GLOBAL_HOOKS) or getattr(block, "_stop_at_layer_idx", None) is not None
+            or getattr(block, "_start_at_layer_idx", None) is not None or torch._C._get_tracing_state()):
+        return None
+    layer, sources, skipped, configs = block._native_layer
+    if any(component._modules.get("_original_component") is not inner for component, inner in sources):
+        _wire_unwrapped_layer(block)
+        layer, sources, skipped, configs = block._native_layer
+    capture = {handle.id for handle in block._capture_hook_handles}
+    if any(m._forward_hooks or m._backward_hooks or m._backward_pre_hooks or "forward" in m.__dict__
+           or (m._forward_pre_hooks and not capture.issuperset(m._forward_pre_hooks)) for m in skipped):
+        return None
+    if any(c.__dict__.get("compatibility_mode") or c.__dict__.get("_use_processed_weights") for c, _ in sources):
+        return None
+    if any(getattr(config, flag, False) for config in configs for flag in BRIDGE_FLAGS):
+        return None
+    return layer
+
+
+def _unwraps_to_hf(block, native: set[int]) -> bool:
+    """Whether every bridge component that the block's HF layer calls is a pass-through when unobserved (native
+    attention and norms, plain linear and MLP bridges), and no module there has an instance-level forward (as
+    accelerate's dispatch hooks install), so that the unwrapped layer computes what the bridge's path computes."""
+    from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+    from transformer_lens.model_bridge.generalized_components.gated_mlp import GatedMLPBridge
+    from transformer_lens.model_bridge.generalized_components.linear import LinearBridge
+    from transformer_lens.model_bridge.generalized_components.mlp import MLPBridge
+
+    hf = block._modules.get("_original_component")
+    if hf is None:
+        return False
+    for module in hf.modules():
+        if "forward" in module.__dict__:
+            return False
+        if isinstance(module, GeneralizedComponent) and not (
+                id(module) in native or (type(module) in (LinearBridge, MLPBridge, GatedMLPBridge)
+                                         and module.name is not None)):
+            return False
+    return True
 
 
 class Resident:
@@ -140,13 +246,17 @@ def run_native_when_unobserved(bridge) -> dict:
              and not isinstance(m._modules["_original_component"], torch.nn.Identity)]
     blocks = [m for m in components if isinstance(m, BlockBridge) and _takes_any_kwargs(m)]
     resident = not any(has_offloaded_params(m) for m in bridge.original_model.modules())
+    native = {id(m) for m in native_attention + norms}
+    unwrapped = [b for b in components if resident and isinstance(b, BlockBridge) and _unwraps_to_hf(b, native)]
     for group, mixin in ((native_attention, NativeAttention), (norms, NativeNorm), (blocks, PassKwargs),
-                         (components if resident else [], Resident)):
+                         (unwrapped, NativeBlock), (components if resident else [], Resident)):
         for component in group:
             _mix(component, mixin)
+    for block in unwrapped:
+        _wire_unwrapped_layer(block)
     if attention and len(native_attention) == len(attention):
         # The bridge's own attention (still used whenever an inner hook is observed) builds its causal mask when
         # HF passes none and applies HF's 4D masks (sliding window) as given, so it is exact under sdpa masks too.
         bridge.original_model.set_attn_implementation("sdpa")
     return dict(attention=len(native_attention), attention_total=len(attention), norms=len(norms),
-                blocks_passing_kwargs=len(blocks), resident=resident)
+                blocks_passing_kwargs=len(blocks), blocks_unwrapped=len(unwrapped), resident=resident)

@@ -115,6 +115,51 @@ def test_attention_goes_native_only_where_hf_calls_the_bridges_projections(tiny)
 
 
 @torch.no_grad()
+def test_unobserved_blocks_run_hfs_layer_and_any_hook_sends_its_block_through_the_bridge(tiny):
+    """Blocks whose components all go native run an unwrapped copy of HF's layer while nothing in them is observed
+    (native.NativeBlock). Through the bridge's block forward (a hook on each block's input) the logits are
+    bit-equal; a hook registered on a component, on an HF leaf, or globally is live; stop_at_layer still stops; the
+    copies add no parameter."""
+    from interp_bayes.models import model_info
+
+    bridge, hf, _ = tiny
+    n = bridge.cfg.n_layers
+    separate = hf.config.model_type in ("llama", "mistral", "phi")
+    assert model_info(bridge).native["blocks_unwrapped"] == (n if separate else 0)
+    weights = {id(p) for p in bridge.parameters()}
+    for block in bridge.blocks[:n if separate else 0]:  # the copies hold the bridge's own weight tensors
+        assert {id(p) for p in block._native_layer[0].parameters()} <= weights
+    ids = ids_of(bridge, PROMPTS[2])
+    base = bridge(ids)
+    torch.testing.assert_close(base, hf(ids).logits, **TOLERANCE.get(hf.config.model_type, EXACT))
+    with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.hook_in", lambda x, hook: None) for layer in range(n)]):
+        assert torch.equal(bridge(ids), base)  # every block through the bridge's forward: the same arithmetic
+
+    mlp = bridge.blocks[1].mlp
+    handle = mlp.register_forward_hook(lambda module, args, out: out * 0)  # on the bridge component itself
+    assert not torch.equal(bridge(ids), base)
+    handle.remove()
+    leaf = next(m for m in mlp.modules() if type(m) in (torch.nn.Linear, torch.nn.Conv1d)
+                or type(m).__name__ == "Conv1D")  # an HF module the unwrapped layer shares
+    handle = leaf.register_forward_hook(lambda module, args, out: out * 0)
+    assert not torch.equal(bridge(ids), base)
+    handle.remove()
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(module))
+    try:
+        bridge(ids)
+    finally:
+        handle.remove()
+    assert any(m is mlp for m in seen)  # a global hook sees the bridge's components
+    assert torch.equal(bridge(ids), base)
+
+    kept = {}
+    with bridge.hooks(fwd_hooks=[("blocks.0.hook_out", lambda x, hook: kept.setdefault("resid", x.clone()))]):
+        bridge(ids)
+    assert torch.equal(bridge(ids, stop_at_layer=1), kept["resid"])
+
+
+@torch.no_grad()
 def test_observed_inner_hooks_run_the_bridges_own_forward(tiny):
     """A hook on hook_pattern / hook_attn_scores / hook_scale sends that component back to the bridge's step-by-step
     forward: the pattern fires (rows sum to 1), an observing hook leaves the logits equal to the native ones up to
