@@ -3,12 +3,12 @@
 64 prompts of 24-48 tokens; all are timed alternately, batch by batch, in one process (several repeats) and the
 median ratio printed, in wall-clock time and in this process's CPU time (the steadier of the two on a shared
 machine). Beside collect and the bare HF forwards (sdpa, the default, and eager, the kernels of the bridge's own
-attention when a hook observes its pattern) the bridge's own
+attention when a hook observes its pattern; neither builds a KV cache, as collect builds none) the bridge's own
 forward with no hook attached is timed, so the overhead splits into what TransformerLens's bridge costs and what
 collect adds (hooks, copies to the CPU, entropy). Peak RSS is measured in a fresh subprocess that only loads the
 model and runs ib.collect, so the baseline model's memory does not count against it, beside a second one that
-imports the same libraries and runs the bare HF forwards instead (most of the peak is imports and weights). Targets (issues 2 and 16):
-ratio <= 1.05; peak RSS <= 1.5 x weight bytes + 300 MB.
+imports the same libraries and runs the bare HF forwards instead (most of the peak is imports and weights).
+Targets (issues 2 and 16): ratio <= 1.05; peak RSS <= 1.5 x weight bytes + 300 MB.
 """
 
 from __future__ import annotations

@@ -142,8 +142,9 @@ def _wire_unwrapped_layer(block) -> None:
 def _unobserved_layer(block) -> torch.nn.Module | None:
     """The block's unwrapped HF layer, or None when the bridge's block forward is needed: a hook on any of the
     block's components or hook points (other than the block's own input-capture hooks, which only act for split-qkv
-    inputs and hook_mlp_in) or a forward replaced on one of them (``prefix.per_copy``), a global module hook, stop/start_at_layer here, a traced call, or a component that
-    needs its bridge forward (compatibility mode, processed weights, a config flag)."""
+    inputs and hook_mlp_in) or a forward replaced on one of them (``prefix.per_copy``), a global module hook,
+    stop/start_at_layer here, a traced call, or a component that needs its bridge forward (compatibility mode,
+    processed weights, a config flag)."""
     if (any(GLOBAL_HOOKS) or getattr(block, "_stop_at_layer_idx", None) is not None
             or getattr(block, "_start_at_layer_idx", None) is not None or torch._C._get_tracing_state()):
         return None
