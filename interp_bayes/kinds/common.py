@@ -77,6 +77,13 @@ def nuisance_matrix(lengths, k, names, *, k_levels: bool = False) -> tuple[np.nd
             tuple(names) + (("one indicator per k",) if k_levels else ()))
 
 
+def recipe_nuisances(p, lengths, k) -> tuple[np.ndarray, tuple[str, ...]]:
+    """``nuisance_matrix`` of a recipe's ``covariates`` and ``k_levels`` (None: the indicators on a wind tunnel,
+    off on SULA)."""
+    k_levels = p.task != "sula" if p.k_levels is None else p.k_levels
+    return nuisance_matrix(lengths, k, p.covariates, k_levels=k_levels)
+
+
 def deconfounded(x, y, columns: dict, covariates, strata, strata_name: str, *, n_perm: int, seed: int,
                  metric: str, scope: dict) -> list[Row]:
     """Rows of the raw, partial and within-stratum correlations of ``x`` with ``y`` (``confounds``), given the

@@ -19,7 +19,7 @@ import numpy as np
 from ..results import Row, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import nuisance_matrix, sula
+from .common import recipe_nuisances, sula
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,7 @@ def run(ctx, p: DecodingParams) -> Result:
 
         wt = windtunnel_set(ctx, p.task, p.n_sequences, p.seed, layers=p.layers, readings=p.readings)
         readings, cols, layers = wt.acts, wt.cols, wt.layers
-    k_levels = p.task != "sula" if p.k_levels is None else p.k_levels
-    cov, _ = nuisance_matrix([len(t) for t in readings.token_ids], cols["k"], p.covariates, k_levels=k_levels)
+    cov, _ = recipe_nuisances(p, [len(t) for t in readings.token_ids], cols["k"])
     rows = []
     for name, column in TARGETS:
         curve = decoding_curve(readings, None if column is None else np.asarray(cols[column]), target_name=name,

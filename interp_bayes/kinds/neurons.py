@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..results import Row, find, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, deconfounded_text, nuisance_matrix, pool, sula, sula_task
+from .common import SULA_LAYERS, deconfounded_text, pool, recipe_nuisances, sula, sula_task
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,7 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
                     null=f"{overlap['n_random']} random value directions",
                     note=f"percentile {overlap['percentile']:.3f}; chance {overlap['chance_rho']:.4f}"))
     k = np.array(s.cols["k"])
-    k_levels = p.task != "sula" if p.k_levels is None else p.k_levels
-    cov, names = nuisance_matrix([len(t) for t in s.acts.token_ids], k, p.covariates, k_levels=k_levels)
+    cov, names = recipe_nuisances(p, [len(t) for t in s.acts.token_ids], k)
     scale = scale_entropy(model, s.prompts, label_tokens=s.labels, covariates=cov, strata=k, n_perm=p.n_perm,
                           seed=p.seed, batch_size=ctx.config.batch_size, covariate_names=names, strata_name="k",
                           targets=s.bayes)
