@@ -160,6 +160,35 @@ def test_unobserved_blocks_run_hfs_layer_and_any_hook_sends_its_block_through_th
 
 
 @torch.no_grad()
+def test_incremental_decoding_with_a_kv_cache_gives_hfs_logits(tiny, request):
+    """Token by token with HF's KV cache, through the model the bridge wraps: unwrapped blocks, and (a hook on every
+    block's input) the bridge's own blocks, give HF's own logits at every step (24 tokens: past Mistral's sliding
+    window of 16)."""
+    bridge, hf, _ = tiny
+    if hf.config.model_type == "gpt2":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "TransformerLens's own GPT-2 attention (a plain bridge, without native.py, too) ignores HF's KV cache: "
+            "the second step's logits differ from HF's by about 6. Decode GPT-2 with the HF model, not through the "
+            "bridge; ib.collect and the probes never use a cache.")))
+    ids = torch.randint(0, hf.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+
+    def steps(model):
+        out = model(ids[:, :4], use_cache=True)
+        logits = [out.logits[:, -1]]
+        for t in range(4, ids.shape[1]):
+            out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+            logits.append(out.logits[:, -1])
+        return torch.stack(logits)
+
+    reference = steps(hf)
+    tolerance = TOLERANCE.get(hf.config.model_type, EXACT)
+    torch.testing.assert_close(steps(bridge.original_model), reference, **tolerance)
+    with bridge.hooks(fwd_hooks=[(f"blocks.{layer}.hook_in", lambda x, hook: None)
+                                 for layer in range(bridge.cfg.n_layers)]):
+        torch.testing.assert_close(steps(bridge.original_model), reference, **tolerance)
+
+
+@torch.no_grad()
 def test_observed_inner_hooks_run_the_bridges_own_forward(tiny):
     """A hook on hook_pattern / hook_attn_scores / hook_scale sends that component back to the bridge's step-by-step
     forward: the pattern fires (rows sum to 1), an observing hook leaves the logits equal to the native ones up to
