@@ -145,8 +145,11 @@ def _unobserved_layer(block) -> torch.nn.Module | None:
     inputs and hook_mlp_in) or a forward replaced on one of them (``prefix.per_copy``), a global module hook,
     stop/start_at_layer here, a traced call, or a component that needs its bridge forward (compatibility mode,
     processed weights, a config flag)."""
-    if (any(GLOBAL_HOOKS) or getattr(block, "_stop_at_layer_idx", None) is not None
-            or getattr(block, "_start_at_layer_idx", None) is not None or torch._C._get_tracing_state()):
+    # Read from the instance dict, where TransformerLens sets them: a getattr miss would go through the bridge's
+    # attribute forwarding to the HF module (about 6 us, twice per block and forward, before any stop_at_layer).
+    state = block.__dict__
+    if (any(GLOBAL_HOOKS) or state.get("_stop_at_layer_idx") is not None
+            or state.get("_start_at_layer_idx") is not None or torch._C._get_tracing_state()):
         return None
     layer, sources, skipped, configs = block._native_layer
     if any(component._modules.get("_original_component") is not inner for component, inner in sources):
