@@ -25,6 +25,11 @@ from .errors import ModelLoadError, ModelNotFoundError
 BF16_ABOVE_PARAMS = 3e9  # float32 up to ~3B parameters on CPU, bfloat16 above (DESIGN.md numerics)
 LOAD_OVERHEAD_BYTES = 300 * 2**20  # runtime, tokenizer and activations beside the weights
 LOAD_WEIGHT_FACTOR = 1.2  # transient copies while weights are materialised
+# Fused projections that TransformerLens's bridge holds a second time, as split q / k / v copies (not views: NeoX lays
+# query_key_value out per head, [q_h | k_h | v_h]), beside HF's own; found by comparing the bytes a loaded bridge holds
+# with the HF model's, family by family (tests/test_errors.py). The copies live on the fused module's device, on the
+# CPU when it is offloaded to disk.
+BRIDGE_COPIES = {"gpt_neox": "query_key_value"}
 
 
 @dataclass(frozen=True)
@@ -304,7 +309,8 @@ DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # 
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """Where a model's modules go (module name -> device) and the bytes of weights each device receives."""
+    """Where a model's modules go (module name -> device) and the bytes of weights each device holds once the bridge
+    is built (``BRIDGE_COPIES`` included)."""
 
     device_map: dict[str, str]
     shares: dict[str, int]
@@ -357,14 +363,23 @@ def plan_devices(empty_model, dtype: torch.dtype, device_map: str | dict | None 
         raise ModelLoadError(f"device_map must be one of {', '.join(DEVICE_MAP_STRATEGIES)} or a dict of module -> "
                              f"device, not {device_map!r}.")
     embedding = next(name for name, m in model.named_modules() if m is model.get_input_embeddings())
-    home = max((k for k in placed if k == "" or embedding == k or embedding.startswith(k + ".")), key=len)
-    if placed[home] == "disk":  # token ids go to the embedding's device, which must hold real weights
+    if _device_of(placed, embedding) == "disk":  # token ids go to the embedding's device, which must hold real weights
         raise ModelLoadError(f"The device map puts the input embedding ({embedding}) on disk; keep it on cpu or a "
                              "GPU (raise max_memory there, or map it explicitly).")
     shares: dict[str, int] = {}
     for module, dev in placed.items():
         shares[dev] = shares.get(dev, 0) + sizes.get(module, 0)
+    copied = BRIDGE_COPIES.get(model.config.model_type)
+    for name, _ in model.named_modules():
+        if copied and name.rsplit(".", 1)[-1] == copied:
+            dev = _device_of(placed, name).replace("disk", "cpu")
+            shares[dev] = shares.get(dev, 0) + sizes.get(name, 0)
     return DevicePlan(placed, shares)
+
+
+def _device_of(placed: dict[str, str], module: str) -> str:
+    """The device a module goes to under a device map: that of its longest mapped prefix."""
+    return placed[max((k for k in placed if k == "" or module == k or module.startswith(k + ".")), key=len)]
 
 
 def _free_bytes(device: str, offload_folder: str | os.PathLike | None) -> int:

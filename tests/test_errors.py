@@ -11,6 +11,7 @@ from interp_bayes.errors import (InterpBayesError, ModelLoadError, ModelNotFound
                                  PromptError)
 from interp_bayes.extract import collect
 from interp_bayes.models import load_model
+from interp_bayes.testing import TINY_FAMILIES
 
 
 def test_unknown_alias_lists_known_ones():
@@ -51,6 +52,19 @@ def test_memory_preflight_refuses(tiny_dirs, monkeypatch):
     monkeypatch.setattr(models.psutil, "virtual_memory", lambda: Mem(10 * 2**20))
     with pytest.raises(ModelLoadError, match=r"needs about .* GiB of RAM .* only 0.0 GiB is free; pass dtype"):
         load_model(tiny_dirs["llama3"])
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_preflight_counts_the_bytes_the_bridge_holds(tiny_dirs, family):
+    """The preflight's weight bytes, from the config alone, against the tensor storages a loaded bridge holds (GPT-NeoX:
+    TransformerLens's split q / k / v copies beside HF's fused query_key_value, 17% more here)."""
+    folder = tiny_dirs[family]
+    planned = models.plan_devices(models._empty_model(models.load_config(folder, local=True)), torch.float32)
+    bridge = load_model(folder)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in [*bridge.parameters(), *bridge.buffers()]}
+    assert abs(planned.shares["cpu"] - sum(held.values())) <= 0.01 * sum(held.values()), (planned.shares,
+                                                                                           sum(held.values()))
 
 
 def test_dtype_policy_and_trust_remote_code_off():
