@@ -1,4 +1,5 @@
-"""Benchmark: ib.collect on SmolLM2-135M against a bare Hugging Face forward over the same batches.
+"""Benchmark: ib.collect against a bare Hugging Face forward over the same batches, on SmolLM2-135M by default
+(``--model``: any alias or local HF folder, e.g. a random-init model of another family's shape).
 
 64 prompts of 24-48 tokens; all are timed alternately, batch by batch, in one process (several repeats) and the
 median ratio printed, in wall-clock time and in this process's CPU time (the steadier of the two on a shared
@@ -52,7 +53,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # non-Linux fallback
 
 
-def measure_rss(threads: int, bare_hf: bool) -> dict:
+def measure_rss(name: str, threads: int, bare_hf: bool) -> dict:
     """Run in a subprocess: load + collect only (or, with ``bare_hf``, the same imports, then HF's model and bare
     forwards over the same batches); report peak RSS and the weights' bytes."""
     torch.set_num_threads(threads)
@@ -64,43 +65,45 @@ def measure_rss(threads: int, bare_hf: bool) -> dict:
     from interp_bayes.models import load_tokenizer, resolve
 
     if bare_hf:
-        model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m")[0]).eval()
-        prompts = bench_prompts(load_tokenizer("smollm2-135m"))
+        model = AutoModelForCausalLM.from_pretrained(resolve(name)[0]).eval()
+        prompts = bench_prompts(load_tokenizer(name))
         with torch.no_grad():
             for idx in length_batches(prompts, None):
                 model(torch.tensor([prompts[i] for i in idx]), logits_to_keep=1, use_cache=False)
     else:
-        model = ib.load_model("smollm2-135m")
+        model = ib.load_model(name)
         ib.collect(model, bench_prompts(model.tokenizer), progress=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return dict(peak_rss_mb=peak_rss_mb(), weight_mb=weight_bytes / 2**20)
 
 
-def rss_in_subprocess(threads: int, bare_hf: bool) -> dict:
-    command = [sys.executable, __file__, "--rss-only", "--threads", str(threads)] + (["--bare-hf"] if bare_hf else [])
+def rss_in_subprocess(name: str, threads: int, bare_hf: bool) -> dict:
+    command = [sys.executable, __file__, "--rss-only", "--model", name, "--threads", str(threads)] + \
+        (["--bare-hf"] if bare_hf else [])
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m", help="alias or local HF folder (default smollm2-135m)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bare-hf", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_only:
-        print(json.dumps(measure_rss(args.threads, args.bare_hf)))
+        print(json.dumps(measure_rss(args.model, args.threads, args.bare_hf)))
         return
 
-    rss, rss_hf = (rss_in_subprocess(args.threads, bare_hf) for bare_hf in (False, True))
+    rss, rss_hf = (rss_in_subprocess(args.model, args.threads, bare_hf) for bare_hf in (False, True))
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     import interp_bayes as ib
     from interp_bayes.extract import final_logits, length_batches
 
-    model = ib.load_model("smollm2-135m")
+    model = ib.load_model(args.model)
     folder = ib.model_info(model).source
     baselines = {impl: AutoModelForCausalLM.from_pretrained(folder, attn_implementation=impl).eval()
                  for impl in ("sdpa", "eager")}
