@@ -2,15 +2,18 @@
 
 Models: SmolLM2-135M (offline) and a random-init Llama-architecture model of about 0.5B parameters (24 layers,
 d_model 896, 14 query / 2 key-value heads, MLP 4864, vocabulary 151,936: Qwen2.5-0.5B's shape; the time does not
-depend on the weights). Protocol: the sweep's (``interp_bayes.sweep``): SULA prompts (per_k 50) split in halves by
-k, PC1 axes fitted per layer on one half, the 125 others evaluated; layer sets ``middle`` and ``spread5``; the four
-operators; value readings at every axis layer.
+depend on the weights); ``--models`` also takes local HF folders. Protocol: the sweep's (``interp_bayes.sweep``):
+SULA prompts (per_k 50) split in halves by k, PC1 axes fitted per layer on one half, the 125 others evaluated; layer
+sets ``middle`` and ``spread5``; the four operators; value readings at every axis layer.
 
 Per layer set and repeat, alternating: the naive path on the true axis' four edits (``--naive-draws`` isotropic
 draws more), then the fast path on the edits of the default recipe (``--draws`` per control family, pcs 1).
 A naive run is a whole forward pass whatever the edit, so its time per run times (1 + edits) is what the naive path
 would take on the fast path's edits: the ratio fast / naive is taken on equal edit counts. The fast path's time
 per edit beyond its unperturbed run extrapolates to the full protocol (20 + 20 + 3 draws, both layer sets).
+torch's FLOP count of the unperturbed run and of one edit, against the GFLOP/s of a large matrix product measured in
+the same process, gives how close the fast path runs to this machine's peak, and the least time any implementation
+of the two recipes' forward passes could take here.
 Medians over repeats, with the ratio of every repeat, in wall-clock time and in this process's CPU time (the
 steadier of the two on a shared machine). One thread by default (``--threads``). ``--full`` instead times the
 whole protocol once on the fast path (20 + 20 + 3 draws, four operators, both layer sets), as a recipe would.
@@ -79,9 +82,33 @@ def protocol(model, name: str, seed: int = 0) -> dict:
                 label_tokens=sula_task(ctx, per_k)[1]["main"], layer_sets=layer_sets)
 
 
+def counted_flops(fn) -> int:
+    """Floating-point operations of ``fn()`` as torch counts them (matrix products and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def matmul_peak(model, threads: int) -> float:
+    """GFLOP/s of this machine on a large matrix product of the model's MLP shape ([4096, d_model] x [d_model,
+    d_mlp]), the best of five: what a forward pass could reach at most here."""
+    d, d_mlp = model.cfg.d_model, model.cfg.d_mlp
+    x, w = torch.randn(4096, d), torch.randn(d_mlp, d)
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        best = min(best, time.perf_counter() - t)
+    return 2 * 4096 * d * d_mlp / best / 1e9
+
+
 def bench_model(model, name: str, args) -> dict:
     """Per layer set: median seconds per naive run, fast seconds for the recipe's edits, ratio and spread."""
     from interp_bayes.interventions import OPS, run_interventions
+    from interp_bayes.sweep import load_probe
 
     t = time.perf_counter()
     proto = protocol(model, name)
@@ -97,8 +124,16 @@ def bench_model(model, name: str, args) -> dict:
         run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"], **common, **kw)
         return time.perf_counter() - wall, time.process_time() - cpu
 
+    peak = matmul_peak(model, args.threads)
+    print(f"  matrix-product peak here: {peak:.0f} GFLOP/s ({args.threads} thread(s))", flush=True)
     out = {}
     for spec, layer_set in proto["layer_sets"].items():
+        # FLOPs do not depend on how edits are stacked: the unperturbed run, then the same count per edit
+        flops = [counted_flops(lambda ops=ops: run_interventions(model, proto["prompts"], proto["axes"],
+                                                                 proto["fit_values"], proto["task"], **common,
+                                                                 layer_sets=[layer_set], controls={}, ops=ops))
+                 for ops in ([], ["cut"])]
+        per_edit_flops = flops[1] - flops[0]
         naive_run, fast, ratios = {"wall": [], "cpu": []}, {"wall": [], "cpu": []}, {"wall": [], "cpu": []}
         for _ in range(args.repeats):
             naive = timed(layer_sets=[layer_set], controls={"isotropic": args.naive_draws}, fast=False)
@@ -112,11 +147,15 @@ def bench_model(model, name: str, args) -> dict:
             run, f = statistics.median(naive_run[clock]), statistics.median(fast[clock])
             per_edit = (f - run) / n_fast  # the fast path's unperturbed run is one whole forward pass
             out[spec][clock] = dict(naive_run=run, fast=f, per_edit=per_edit, ratio=statistics.median(ratios[clock]),
-                                    full=run + len(OPS) * 44 * per_edit)
+                                    full=run + len(OPS) * 44 * per_edit, gflops=flops[0] / 1e9,
+                                    edit_gflops=per_edit_flops / 1e9)
             print(f"  {spec:8s} {clock:4s} layers {layer_set}: naive {run:.2f}s per run (x{1 + n_fast} = "
                   f"{run * (1 + n_fast):.0f}s) | fast {f:.0f}s for the unperturbed run + {n_fast} edits "
                   f"({per_edit:.2f}s per edit) | fast/naive {out[spec][clock]['ratio']:.3f} (repeats "
                   f"{', '.join(f'{r:.3f}' for r in ratios[clock])})", flush=True)
+        rate = (flops[0] + n_fast * per_edit_flops) / statistics.median(fast["wall"]) / 1e9
+        print(f"  {spec:8s} work: {flops[0] / 1e12:.3f} TFLOP unperturbed + {per_edit_flops / 1e12:.3f} per edit; fast "
+              f"path at {rate:.0f} GFLOP/s wall = {rate / peak:.2f} of the matrix-product peak", flush=True)
     for clock in ("wall", "cpu"):
         runs = [r[clock] for r in out.values()]
         total = sum(r["fast"] for r in runs) / sum(r["naive_run"] * (1 + n_fast) for r in runs)
@@ -124,6 +163,13 @@ def bench_model(model, name: str, args) -> dict:
               f"draws, 4 ops, both sets: {2 * len(OPS) * 44} edits) extrapolated: fast "
               f"{sum(r['full'] for r in runs) / 60:.1f} min, naive "
               f"{sum(r['naive_run'] * (1 + len(OPS) * 44) for r in runs) / 60:.1f} min", flush=True)
+    for recipe_name in ("interventions", "interventions_full"):
+        controls = load_probe(recipe_name).params.controls
+        label = f"{recipe_name} ({'+'.join(str(n) for n in controls.values())} draws)"
+        work = sum(r["wall"]["gflops"] + len(OPS) * (1 + sum(controls.values())) * r["wall"]["edit_gflops"]
+                   for r in out.values())
+        print(f"  {label}, both layer sets: {work / 1e3:.0f} TFLOP, at least {work / peak:.0f}s at this machine's "
+              f"matrix-product peak", flush=True)
     return out
 
 
@@ -152,7 +198,7 @@ def model_parser(doc: str) -> argparse.ArgumentParser:
     """The options every two-model benchmark takes: --models, --repeats, --threads."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "llama-0.5b"],
-                        help="smollm2-135m and/or llama-0.5b (random init)")
+                        help="smollm2-135m, llama-0.5b (random init) and/or local HF folders")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     return parser
@@ -167,7 +213,8 @@ def bench_models(args):
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     smollm2 = ib.load_model("smollm2-135m")
     for name in args.models:
-        yield name, smollm2 if name == "smollm2-135m" else llama_05b(ib.model_info(smollm2).source)
+        yield name, (smollm2 if name == "smollm2-135m" else
+                     llama_05b(ib.model_info(smollm2).source) if name == "llama-0.5b" else ib.load_model(name))
     print(f"load average at the end {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
 
