@@ -249,10 +249,11 @@ def _split_model(cfg):
     return load_model(cfg.model, dtype=cfg.dtype, revision=cfg.revision, device_map="auto")
 
 
-def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | None) -> dict:
-    """Ray resources of a cell from its model's size: ``threads`` CPUs; on a cluster without GPUs, the RAM a load
-    needs (``models.memory_needed``); with GPUs of ``gpu_bytes`` each, the GPUs its weights need: a share of one
-    when several fit (at most ``MAX_CELLS_PER_GPU`` per GPU) or as many whole GPUs as they fill."""
+def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | None, held: int | None = None) -> dict:
+    """Ray resources of a cell from its model's size (``n_params``; ``held``: the parameters a loaded bridge holds,
+    by default the same): ``threads`` CPUs; on a cluster without GPUs, the RAM a load needs (``models.memory_needed``);
+    with GPUs of ``gpu_bytes`` each, the GPUs its weights need: a share of one when several fit (at most
+    ``MAX_CELLS_PER_GPU`` per GPU) or as many whole GPUs as they fill."""
     import torch
 
     from .models import default_dtype, device_bytes_needed, memory_needed
@@ -261,23 +262,25 @@ def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | N
     if n_params is None:
         return out
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or default_dtype(n_params))
+    held = held or n_params
     if not gpu_bytes:
-        out["memory"] = memory_needed(n_params, dtype)
+        out["memory"] = memory_needed(held, dtype)
         return out
-    gpus = device_bytes_needed("cuda:0", n_params * torch.finfo(dtype).bits // 8) / gpu_bytes
+    gpus = device_bytes_needed("cuda:0", held * torch.finfo(dtype).bits // 8) / gpu_bytes
     out["num_gpus"] = math.ceil(gpus) if gpus > 1 else 1 / min(MAX_CELLS_PER_GPU, max(1, math.floor(1 / gpus)))
     return out
 
 
-def _model_size(cell: Cell) -> int | None:
-    """Parameters of a cell's model from its config alone (None when the config cannot be read here)."""
+def _model_size(cell: Cell) -> tuple[int, int] | tuple[None, None]:
+    """(parameters, parameters a loaded bridge holds) of a cell's model from its config alone (None, None when the
+    config cannot be read here)."""
     from .models import count_parameters, load_config, resolve
 
     try:
         source, local = resolve(cell.model)
         return count_parameters(load_config(source, local=local, revision=cell.revision))
     except InterpBayesError:
-        return None
+        return None, None
 
 
 def _bar(total: int, quiet: bool):
@@ -351,7 +354,7 @@ def _run_ray(cells: list[Cell], folders: list[Path], logs: list[Path], grid: Gri
     import ray
 
     gpu_bytes = _gpu_bytes()
-    sizes: dict[tuple, int | None] = {}
+    sizes: dict[tuple, tuple] = {}
     pending = {}
     cell_task = ray.remote(run_cell)
     for cell, folder, log in zip(cells, folders, logs):
@@ -360,7 +363,8 @@ def _run_ray(cells: list[Cell], folders: list[Path], logs: list[Path], grid: Gri
             sizes[key] = _model_size(cell)
         cfg = cell.sweep_config()
         threads = cfg.threads or 1
-        resources = cell_resources(sizes[key], cfg.dtype, threads, gpu_bytes)
+        n_params, held = sizes[key]
+        resources = cell_resources(n_params, cfg.dtype, threads, gpu_bytes, held)
         _check_fits(cell, resources)
         config = dict(cell.config, threads=threads)  # the cell uses the CPUs it declared
         task = cell_task.options(max_retries=grid.retries, retry_exceptions=False, name=f"cell {cell.label}",

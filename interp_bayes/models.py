@@ -282,9 +282,18 @@ def _empty_model(config):
     return model
 
 
-def count_parameters(config) -> int:
-    """Parameter count from the config alone: accelerate builds the model on the meta device, allocating nothing."""
-    return sum(p.numel() for p in _empty_model(config).parameters())
+def count_parameters(config) -> tuple[int, int]:
+    """(parameters, parameters a loaded bridge holds: ``BRIDGE_COPIES`` counted twice) from the config alone:
+    accelerate builds the model on the meta device, allocating nothing."""
+    model = _empty_model(config)
+    n = sum(p.numel() for p in model.parameters())
+    return n, n + sum(p.numel() for name in _copied_modules(model) for p in model.get_submodule(name).parameters())
+
+
+def _copied_modules(model) -> list[str]:
+    """Names of the modules whose weights the bridge holds a second copy of (``BRIDGE_COPIES``)."""
+    copied = BRIDGE_COPIES.get(model.config.model_type)
+    return [name for name, _ in model.named_modules() if copied and name.rsplit(".", 1)[-1] == copied]
 
 
 def default_dtype(n_params: int) -> torch.dtype:
@@ -369,11 +378,9 @@ def plan_devices(empty_model, dtype: torch.dtype, device_map: str | dict | None 
     shares: dict[str, int] = {}
     for module, dev in placed.items():
         shares[dev] = shares.get(dev, 0) + sizes.get(module, 0)
-    copied = BRIDGE_COPIES.get(model.config.model_type)
-    for name, _ in model.named_modules():
-        if copied and name.rsplit(".", 1)[-1] == copied:
-            dev = _device_of(placed, name).replace("disk", "cpu")
-            shares[dev] = shares.get(dev, 0) + sizes.get(name, 0)
+    for name in _copied_modules(model):
+        dev = _device_of(placed, name).replace("disk", "cpu")
+        shares[dev] = shares.get(dev, 0) + sizes.get(name, 0)
     return DevicePlan(placed, shares)
 
 

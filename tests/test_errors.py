@@ -59,12 +59,17 @@ def test_preflight_counts_the_bytes_the_bridge_holds(tiny_dirs, family):
     """The preflight's weight bytes, from the config alone, against the tensor storages a loaded bridge holds (GPT-NeoX:
     TransformerLens's split q / k / v copies beside HF's fused query_key_value, 17% more here)."""
     folder = tiny_dirs[family]
-    planned = models.plan_devices(models._empty_model(models.load_config(folder, local=True)), torch.float32)
+    config = models.load_config(folder, local=True)
+    planned = models.plan_devices(models._empty_model(config), torch.float32)
     bridge = load_model(folder)
-    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in [*bridge.parameters(), *bridge.buffers()]}
-    assert abs(planned.shares["cpu"] - sum(held.values())) <= 0.01 * sum(held.values()), (planned.shares,
-                                                                                           sum(held.values()))
+    held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in [*bridge.parameters(), *bridge.buffers()]}.values())
+    n_params, held_params = models.count_parameters(config)  # what the grid reserves
+    from transformers import AutoModelForCausalLM
+
+    assert n_params == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters())
+    for planned_bytes in (planned.shares["cpu"], 4 * held_params):
+        assert abs(planned_bytes - held) <= 0.01 * held, (family, planned_bytes, held)
 
 
 def test_dtype_policy_and_trust_remote_code_off():

@@ -148,6 +148,9 @@ def test_cell_resources_follow_the_model_size():
     assert cell_resources(8_000_000_000, "bfloat16", 1, 80 * gib)["num_gpus"] == 0.25  # 16 GB of 80
     assert cell_resources(30_000_000_000, "bfloat16", 1, 80 * gib)["num_gpus"] == 1  # 60 GB: one GPU to itself
     assert cell_resources(70_000_000_000, "bfloat16", 4, 80 * gib) == dict(num_cpus=4, num_gpus=2)  # 140 GB
+    # GPT-NeoX: the bridge holds the fused qkv twice; the dtype still follows the model's own size (2.8B: float32)
+    assert cell_resources(2_800_000_000, None, 1, None, 3_400_000_000) == dict(
+        num_cpus=1, memory=memory_needed(3_400_000_000, torch.float32))
 
 
 # --- executors ------------------------------------------------------------------------------------------------
