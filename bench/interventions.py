@@ -91,7 +91,7 @@ def counted_flops(fn) -> int:
     return counter.get_total_flops()
 
 
-def matmul_peak(model, threads: int) -> float:
+def matmul_peak(model) -> float:
     """GFLOP/s of this machine on a large matrix product of the model's MLP shape ([4096, d_model] x [d_model,
     d_mlp]), the best of five: what a forward pass could reach at most here."""
     d, d_mlp = model.cfg.d_model, model.cfg.d_mlp
@@ -124,16 +124,15 @@ def bench_model(model, name: str, args) -> dict:
         run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"], **common, **kw)
         return time.perf_counter() - wall, time.process_time() - cpu
 
-    peak = matmul_peak(model, args.threads)
+    peak = matmul_peak(model)
     print(f"  matrix-product peak here: {peak:.0f} GFLOP/s ({args.threads} thread(s))", flush=True)
-    out = {}
+    out, work = {}, {}  # work: layer set -> (FLOPs of the unperturbed run, FLOPs per edit)
     for spec, layer_set in proto["layer_sets"].items():
         # FLOPs do not depend on how edits are stacked: the unperturbed run, then the same count per edit
-        flops = [counted_flops(lambda ops=ops: run_interventions(model, proto["prompts"], proto["axes"],
-                                                                 proto["fit_values"], proto["task"], **common,
-                                                                 layer_sets=[layer_set], controls={}, ops=ops))
-                 for ops in ([], ["cut"])]
-        per_edit_flops = flops[1] - flops[0]
+        base_flops, one_edit_flops = (counted_flops(lambda ops=ops: timed(layer_sets=[layer_set], controls={}, ops=ops))
+                                      for ops in ([], ["cut"]))
+        per_edit_flops = one_edit_flops - base_flops
+        work[spec] = base_flops, per_edit_flops
         naive_run, fast, ratios = {"wall": [], "cpu": []}, {"wall": [], "cpu": []}, {"wall": [], "cpu": []}
         for _ in range(args.repeats):
             naive = timed(layer_sets=[layer_set], controls={"isotropic": args.naive_draws}, fast=False)
@@ -147,15 +146,14 @@ def bench_model(model, name: str, args) -> dict:
             run, f = statistics.median(naive_run[clock]), statistics.median(fast[clock])
             per_edit = (f - run) / n_fast  # the fast path's unperturbed run is one whole forward pass
             out[spec][clock] = dict(naive_run=run, fast=f, per_edit=per_edit, ratio=statistics.median(ratios[clock]),
-                                    full=run + len(OPS) * 44 * per_edit, gflops=flops[0] / 1e9,
-                                    edit_gflops=per_edit_flops / 1e9)
+                                    full=run + len(OPS) * 44 * per_edit)
             print(f"  {spec:8s} {clock:4s} layers {layer_set}: naive {run:.2f}s per run (x{1 + n_fast} = "
                   f"{run * (1 + n_fast):.0f}s) | fast {f:.0f}s for the unperturbed run + {n_fast} edits "
                   f"({per_edit:.2f}s per edit) | fast/naive {out[spec][clock]['ratio']:.3f} (repeats "
                   f"{', '.join(f'{r:.3f}' for r in ratios[clock])})", flush=True)
-        rate = (flops[0] + n_fast * per_edit_flops) / statistics.median(fast["wall"]) / 1e9
-        print(f"  {spec:8s} work: {flops[0] / 1e12:.3f} TFLOP unperturbed + {per_edit_flops / 1e12:.3f} per edit; fast "
-              f"path at {rate:.0f} GFLOP/s wall = {rate / peak:.2f} of the matrix-product peak", flush=True)
+        rate = (base_flops + n_fast * per_edit_flops) / statistics.median(fast["wall"]) / 1e9
+        print(f"  {spec:8s} work: {base_flops / 1e12:.3f} TFLOP unperturbed + {per_edit_flops / 1e12:.3f} per edit; "
+              f"fast path at {rate:.0f} GFLOP/s wall = {rate / peak:.2f} of the matrix-product peak", flush=True)
     for clock in ("wall", "cpu"):
         runs = [r[clock] for r in out.values()]
         total = sum(r["fast"] for r in runs) / sum(r["naive_run"] * (1 + n_fast) for r in runs)
@@ -166,9 +164,8 @@ def bench_model(model, name: str, args) -> dict:
     for recipe_name in ("interventions", "interventions_full"):
         controls = load_probe(recipe_name).params.controls
         label = f"{recipe_name} ({'+'.join(str(n) for n in controls.values())} draws)"
-        work = sum(r["wall"]["gflops"] + len(OPS) * (1 + sum(controls.values())) * r["wall"]["edit_gflops"]
-                   for r in out.values())
-        print(f"  {label}, both layer sets: {work / 1e3:.0f} TFLOP, at least {work / peak:.0f}s at this machine's "
+        total = sum(base + len(OPS) * (1 + sum(controls.values())) * edit for base, edit in work.values()) / 1e9
+        print(f"  {label}, both layer sets: {total / 1e3:.0f} TFLOP, at least {total / peak:.0f}s at this machine's "
               f"matrix-product peak", flush=True)
     return out
 

@@ -293,7 +293,9 @@ def count_parameters(config) -> tuple[int, int]:
 def _copied_modules(model) -> list[str]:
     """Names of the modules whose weights the bridge holds a second copy of (``BRIDGE_COPIES``)."""
     copied = BRIDGE_COPIES.get(model.config.model_type)
-    return [name for name, _ in model.named_modules() if copied and name.rsplit(".", 1)[-1] == copied]
+    if copied is None:
+        return []
+    return [name for name, _ in model.named_modules() if name.rsplit(".", 1)[-1] == copied]
 
 
 def default_dtype(n_params: int) -> torch.dtype:
