@@ -44,6 +44,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="load pickle weights (pytorch_model.bin, *.pt) of a checkpoint without safetensors: only "
+                        "for files you trust, since unpickling runs any code they hold")
     p.add_argument("--set", nargs="+", default=(), metavar="PROBE.PARAM=VALUE", dest="assignments",
                    help="override recipe parameters, e.g. interventions.controls.isotropic=3 (values are YAML)")
     p.add_argument("--redo", nargs="+", default=(), metavar="PROBE", help="recompute these probes even if cached")
@@ -61,7 +64,8 @@ def _sweep(args: argparse.Namespace) -> int:
     config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts,
                            probes=args.probes, layers=args.layers, seed=args.seed, dtype=args.dtype,
                            device=args.device, batch_size=args.batch_size, threads=args.threads,
-                           quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)))
+                           quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
+                           allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:
         return _print_plan(plan_sweep(config))
     run = run_sweep(config, redo=args.redo)
@@ -91,14 +95,17 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _probes(args: argparse.Namespace) -> int:
-    """Probe kinds with their parameters and defaults, then the built-in recipes."""
-    from .kinds import BUILTIN, get_kind
+    """Probe kinds (built-in, registered and installed entry points, each with where it comes from) with their
+    parameters and defaults, then the built-in recipes. An entry point that fails to load is listed with why."""
+    from .kinds import catalog
     from .sweep import builtin_probes, load_probe
 
-    for name in BUILTIN:
-        kind = get_kind(name)
-        print(f"kind {name}: {(kind.doc or '').strip().splitlines()[0]}")
-        for key, value in kind.params.defaults().items():
+    for entry in catalog():
+        if entry.kind is None:
+            print(f"kind {entry.name}: not loadable [{entry.source}]: {entry.error}")
+            continue
+        print(f"kind {entry.name}: {entry.about} [{entry.source}]")
+        for key, value in entry.kind.params.defaults().items():
             print(f"    {key} = {value!r}")
     print("\nrecipes (probes/*.yaml):")
     for name in builtin_probes():
@@ -179,14 +186,32 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     _configure_output(getattr(args, "quiet", False), getattr(args, "verbose", False))
+    import signal
+    import threading
+
+    terminated = []
+
+    def on_sigterm(signum, frame):  # a scheduler's stop or `kill` takes Ctrl-C's path: views rebuilt, one line
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    # signal handlers can be set from the main thread only; the previous one comes back, for callers in-process
+    installed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if installed else None
     try:
         return args.func(args) or 0
     except InterpBayesError as err:
         print(f"interp-bayes: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
+        if terminated:  # 128 + the signal's number, as a shell reports a process that SIGTERM ended
+            print(f"interp-bayes: terminated (SIGTERM): {err or 'interrupted'}", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"\ninterp-bayes: {err or 'interrupted'}", file=sys.stderr)
         return 130
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

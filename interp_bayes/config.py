@@ -15,7 +15,7 @@ from .models import DEFAULT_MODEL
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
 # (recipe overrides, like the probe list, act through each probe's own cache key)
-_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes", "overrides"}
+_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes", "overrides", "allow_pickle"}
 
 
 @dataclass
@@ -34,8 +34,43 @@ class SweepConfig:
     batch_size: int | None = None  # None: about 2048 tokens per forward pass
     threads: int | None = None  # torch CPU threads (None: torch's default); 1 is faster on a busy machine
     quiet: bool = False
+    allow_pickle: bool = False  # load pickle weights (pytorch_model.bin, *.pt) when a checkpoint has no safetensors
     # recipe parameters by probe name, merged over the recipe (nested mappings key by key): ``--set probe.key=value``
     overrides: dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse values of the wrong type or range with one sentence, before anything is written."""
+        def bad(name: str, want: str):
+            return ConfigError(f"Config key '{name}' must be {want}, not {getattr(self, name)!r}.")
+
+        for name in ("model", "out", "prompts"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise bad(name, "a non-empty string")
+        if self.revision is not None and not isinstance(self.revision, str):
+            raise bad("revision", "a string (branch, tag or commit)")
+        if isinstance(self.layers, int) and not isinstance(self.layers, bool):
+            self.layers = [self.layers]
+        if not isinstance(self.layers, (list, tuple)) or not self.layers or not all(_is_int(x) for x in self.layers):
+            raise bad("layers", "a non-empty list of layer indices (e.g. [-1] or [6, 12])")
+        self.layers = [int(x) for x in self.layers]
+        if not _is_int(self.seed):
+            raise bad("seed", "an integer")
+        if self.dtype not in (None, *DTYPES):
+            raise bad("dtype", f"one of {', '.join(DTYPES)} (or null for the size-based default)")
+        for name in ("batch_size", "threads"):
+            if getattr(self, name) is not None and (not _is_int(getattr(self, name)) or getattr(self, name) < 1):
+                raise bad(name, "a positive integer (or null for the default)")
+        if self.device is not None and not isinstance(self.device, str):
+            raise bad("device", "a device name such as cpu or cuda:0")
+        if not isinstance(self.quiet, bool):
+            raise bad("quiet", "true or false")
+        if not isinstance(self.allow_pickle, bool):
+            raise bad("allow_pickle", "true or false")
+        if self.probes is not None and (not isinstance(self.probes, (list, tuple)) or
+                                        not all(isinstance(p, str) and p for p in self.probes)):
+            raise bad("probes", "a list of probe names or recipe paths")
+        if not isinstance(self.overrides, dict) or not all(isinstance(v, dict) for v in self.overrides.values()):
+            raise bad("overrides", "a mapping of probe name to parameters (e.g. {icl: {per_k: 20}})")
 
     def digest(self) -> str:
         """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
@@ -60,7 +95,7 @@ class SweepConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "SweepConfig":
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(path, "Config file") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a YAML mapping of config keys.")
         return cls.from_dict(data)
@@ -70,6 +105,35 @@ class SweepConfig:
         data = {**asdict(self), **{k: v for k, v in flags.items() if v is not None and k != "overrides"}}
         data["overrides"] = merge(self.overrides, flags.get("overrides") or {})
         return SweepConfig.from_dict(data)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_yaml(text: str, what: str):
+    """YAML text (safe loader); ConfigError naming ``what`` and where the text is malformed."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{what} is not valid YAML ({getattr(err, 'problem', None) or err}{where}); fix it "
+                          "and rerun.") from None
+
+
+def read_yaml(path: str | Path, what: str):
+    """A YAML file; ConfigError (one sentence) when it is missing, unreadable or malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        problem = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err})"
+        raise ConfigError(f"{what} {path} {problem}; check the path.") from None
+    return parse_yaml(text, f"{what} {path}")
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -90,7 +154,7 @@ def parse_set(assignments: list[str]) -> dict[str, dict]:
         if not sep or len(keys) < 2 or not all(keys):
             raise ConfigError(f"--set takes PROBE.PARAMETER=VALUE (e.g. interventions.controls.isotropic=3), "
                               f"not {item!r}.")
-        value = yaml.safe_load(text)
+        value = parse_yaml(text, f"The value of --set {item!r}")
         for key in reversed(keys[1:]):
             value = {key: value}
         out = merge(out, {keys[0]: value})

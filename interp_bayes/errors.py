@@ -39,3 +39,7 @@ class GridError(InterpBayesError, RuntimeError):
 
 class UnsupportedModelError(InterpBayesError, ValueError):
     """A model that lacks a part an analysis needs (e.g. a final norm with a scale hook, an MLP)."""
+
+
+class CacheError(InterpBayesError, RuntimeError):
+    """A cached file that is missing, truncated or does not match its recorded digest; the stage is recomputed."""

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, GridError, InterpBayesError
+from .store import checked_name, inside
 
 EXECUTORS = ("local", "ray")
 GRID_KEYS = ("name", "models", "probes", "seeds", "config", "retries")
@@ -105,16 +106,17 @@ class Grid:
         retries = data.get("retries", 3)
         if not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"'retries:' must be a non-negative integer, not {retries!r}.")
-        return cls(models, probes, list(seeds), config, str(data.get("name", "grid")), retries)
+        return cls(models, probes, list(seeds), config, checked_name(str(data.get("name", "grid")), "The grid name"),
+                   retries)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Grid":
-        import yaml
+        from .config import read_yaml
 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"No grid file at '{path}'; pass a YAML file with models, probes, seeds and config.")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path, "Grid file") or {}
         if isinstance(data, dict):
             data.setdefault("name", path.stem)
         return cls.from_dict(data, base=path.parent)
@@ -132,7 +134,8 @@ class Grid:
         """Where the grid's page, record and logs go: ``<out>/grids/<name>``."""
         from .config import SweepConfig
 
-        return Path(SweepConfig.from_dict(self.config).out).resolve() / "grids" / self.name
+        root = Path(SweepConfig.from_dict(self.config).out).resolve()
+        return inside(root, root / "grids" / checked_name(self.name, "The grid name"))
 
 
 def _local_path(value: str, base: Path | None) -> str:
@@ -246,7 +249,8 @@ def _split_model(cfg):
 
     if all(item.cached for item in plan_sweep(cfg)):
         return None
-    return load_model(cfg.model, dtype=cfg.dtype, revision=cfg.revision, device_map="auto")
+    return load_model(cfg.model, dtype=cfg.dtype, revision=cfg.revision, device_map="auto",
+                      allow_pickle=cfg.allow_pickle)
 
 
 def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | None, held: int | None = None) -> dict:

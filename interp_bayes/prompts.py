@@ -46,7 +46,17 @@ def load_prompts(name_or_path: str | Path):
     if not path.exists():
         raise PromptError(f"No prompt set '{name_or_path}'; use a built-in one ({', '.join(builtin_prompt_sets())}) "
                           "or a JSONL file path.")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise PromptError(f"Line {number} of {path} is not valid JSON ({err.msg}); every line must be an object "
+                              "such as {\"text\": \"...\"}.") from None
+        if not isinstance(rows[-1], dict):
+            raise PromptError(f"Line {number} of {path} is not a JSON object; write {{\"text\": \"...\"}}.")
     return _rows_to_dataset(rows, str(path))
 
 

@@ -14,9 +14,12 @@ Layout of a run folder ``<out>/<model slug>/<run key>/``:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +29,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .errors import CacheError, ConfigError
+
+MANIFEST = "manifest.json"  # the digests of a saved activation set (``seal``), written last
 TRACKED_PACKAGES = ("interp_bayes", "torch", "transformer-lens", "transformers", "accelerate", "datasets",
                     "scikit-learn", "plotly", "numpy", "safetensors", "tokenizers", "gguf")
 
@@ -34,6 +40,17 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def apply_umask(folder: str | Path) -> None:
+    """Give ``folder`` and everything in it the modes a plain ``mkdir`` / ``open`` would (0777 / 0666 less the
+    umask), replacing the private 0700 / 0600 of ``mkdtemp`` / ``mkstemp``-style writers."""
+    mask = _umask()
+    folder = Path(folder)
+    os.chmod(folder, 0o777 & ~mask)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -91,8 +108,10 @@ def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None
         os.close(fd)  # releases the lock
 
 
-def _is_temp_file(path: Path) -> bool:
-    return path.is_file() and path.name.startswith(".") and "." in path.name[1:]  # mkstemp's ".<name>.<random>"
+def _is_temp(path: Path) -> bool:
+    """A temporary file of an atomic write or folder of a stage being built: mkstemp's / mkdtemp's
+    ``.<name>.<random>``."""
+    return path.name.startswith(".") and "." in path.name[1:] and (path.is_file() or path.is_dir())
 
 
 @contextmanager
@@ -107,8 +126,11 @@ def working_in(folder: str | Path) -> Iterator[None]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            for stale in [p for p in folder.rglob(".*") if _is_temp_file(p)]:
-                stale.unlink(missing_ok=True)
+            for stale in [p for p in folder.rglob(".*") if _is_temp(p)]:
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    stale.unlink(missing_ok=True)
         except BlockingIOError:
             pass  # another process works here: its temporary files are live
         fcntl.flock(fd, fcntl.LOCK_SH)  # from exclusive (or nothing) to shared: others may join now
@@ -118,13 +140,106 @@ def working_in(folder: str | Path) -> Iterator[None]:
 
 
 def read_json(path: str | Path):
-    return json.loads(Path(path).read_text())
+    """A JSON file; one that is not valid JSON (truncated, overwritten) raises CacheError naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CacheError(f"{path} is damaged ({err.__class__.__name__}: {err}); delete it or rerun the sweep to "
+                         "recompute it.") from None
+
+
+# Names that become file or folder names (probe names, activation-set labels, grid names): a letter or digit first,
+# so "." and ".." and hidden names are impossible, and no separator
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def checked_name(name: str, what: str) -> str:
+    """``name`` if it is safe as one path component (``NAME_PATTERN``), else ConfigError naming ``what``."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(f"{what} {name!r} cannot be a folder name; use letters, digits, '.', '_' and '-' only, "
+                          "starting with a letter or digit (at most 128 characters).")
+    return name
+
+
+def slug(text: str, limit: int = 80) -> str:
+    """A safe path component made from any text (``checked_name`` accepts it)."""
+    out = re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).lstrip("._-")[:limit]
+    return out or "_"
+
+
+def inside(root: str | Path, path: str | Path) -> Path:
+    """``path``, after checking that it resolves inside ``root`` (symbolic links followed): nothing a user names may
+    write outside the run folder."""
+    root_r, path_r = Path(root).resolve(), Path(path).resolve()
+    if path_r != root_r and root_r not in path_r.parents:
+        raise ConfigError(f"{path} lies outside {root}; names in recipes and configs may not climb out of the run "
+                          "folder.")
+    return Path(path)
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def seal(folder: str | Path, record: str, content: dict) -> Path:
+    """Write ``folder/record`` (JSON): ``content`` plus ``files``, the sha256 of every other file under ``folder``.
+    Written last, so its presence marks the folder complete; ``unseal`` checks every digest on load."""
+    folder = Path(folder)
+    files = {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != record and not _is_temp(p)}
+    return write_json(folder / record, dict(content, files=files))
+
+
+def unseal(folder: str | Path, record: str) -> dict:
+    """The record ``seal`` wrote, after checking that every file it lists is there with its digest; CacheError
+    (naming the first damaged file) when one is missing, truncated or changed, or the record itself is damaged."""
+    folder = Path(folder)
+    path = folder / record
+    if not path.is_file():
+        raise CacheError(f"{folder} is incomplete (no {record}).")
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        raise CacheError(f"{path} lists no file digests (written by an older version or damaged).")
+    for name, digest in data["files"].items():
+        f = folder / name
+        if not f.is_file() or file_digest(f) != digest:
+            raise CacheError(f"{f} does not match the digest recorded in {record} (missing, truncated or changed).")
+    return data
+
+
+@contextmanager
+def building(final: str | Path) -> Iterator[Path]:
+    """A fresh temporary folder beside ``final`` to compute a stage into. When the block succeeds it replaces
+    ``final`` (whose old files go only then); when it fails it is removed and ``final`` is left as it was."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        os.replace(final, old / "old")
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def warn(message: str) -> None:
+    """One warning line on standard error (standard output may carry a table)."""
+    print(f"interp-bayes: warning: {message}", file=sys.stderr)
 
 
 def content_key(*parts) -> str:
     """A short hash of JSON-serialisable parts: the identity of a cached stage (same parts, same key)."""
-    import hashlib
-
     text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

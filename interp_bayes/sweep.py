@@ -14,7 +14,8 @@ keys are its parameters, checked against the kind's parameter dataclass.
 from __future__ import annotations
 
 import html
-import re
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +23,12 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .config import SweepConfig
-from .errors import ConfigError, InterpBayesError
+from .errors import CacheError, ConfigError
 from .kinds import Kind, Params, get_kind
 from .prompts import package_data_dir
 from .results import Row, write_rows
-from .store import atomic_write_text, content_key, environment, read_json, stage_lock, working_in, write_json
+from .store import (MANIFEST, atomic_write_text, building, checked_name, content_key, environment, inside, read_json,
+                    seal, slug, stage_lock, unseal, warn, working_in, write_json)
 
 PROBES_DIR = package_data_dir("probes")
 
@@ -53,9 +55,7 @@ def builtin_probes() -> list[str]:
 def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = None) -> Probe:
     """A built-in recipe by name or a YAML file with ``kind:`` and parameters (unknown parameters are refused).
     ``overrides[probe name]``, if present, is merged over the recipe's parameters (``config.merge``)."""
-    import yaml
-
-    from .config import merge
+    from .config import merge, read_yaml
 
     path = Path(name_or_path)
     if not path.suffix:
@@ -63,15 +63,17 @@ def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = Non
     if not path.exists():
         raise ConfigError(f"No probe '{name_or_path}'; built-in probes: {', '.join(builtin_probes())} "
                           "(or pass a YAML path).")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "Probe recipe") or {}
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError(f"Probe recipe {path} needs a 'kind:' key (see `interp-bayes probes`).")
     ref = str(data.pop("kind"))
     if ":" in ref and not Path(ref.rsplit(":", 1)[0]).is_absolute() and ref.rsplit(":", 1)[0].endswith(".py"):
         ref = f"{(path.parent / ref.rsplit(':', 1)[0]).resolve()}:{ref.rsplit(':', 1)[1]}"  # relative to the recipe
     kind = get_kind(ref)
-    name = str(data.pop("name", path.stem))
-    default = bool(data.pop("default", True))
+    name = checked_name(str(data.pop("name", path.stem)), f"The probe name of {path}")
+    default = data.pop("default", True)
+    if not isinstance(default, bool):
+        raise ConfigError(f"'default:' in {path} must be true or false, not {default!r}.")
     data = merge(data, (overrides or {}).get(name, {}))
     return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref, default=default)
 
@@ -89,8 +91,8 @@ class PlanItem:
 
 def run_folder(config: SweepConfig) -> Path:
     model = config.model.rstrip("/")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model).name if Path(model).exists() else model)
-    return Path(config.out) / slug / config.digest()
+    root = Path(config.out)
+    return inside(root, root / slug(Path(model).name if Path(model).exists() else model) / config.digest())
 
 
 def resolve_layers(spec, n: int, default: Sequence[int]) -> list[int]:
@@ -121,10 +123,11 @@ class Context:
     activation sets, and its own folder for files it saves."""
 
     def __init__(self, folder: Path, config: SweepConfig, say: Callable[..., None], model=None,
-                 identity: dict | None = None) -> None:
+                 identity: dict | None = None, dry_run: bool = False) -> None:
         """``model``: an already loaded model (else ``config.model`` is loaded on first use); ``identity``: its
-        identity in the cache keys, for a model that ``config.model`` does not name (e.g. one built in memory)."""
-        self.folder, self.config, self.say = folder, config, say
+        identity in the cache keys, for a model that ``config.model`` does not name (e.g. one built in memory);
+        ``dry_run``: a plan, which writes nothing."""
+        self.folder, self.config, self.say, self.dry_run = folder, config, say, dry_run
         self.probe_folder = folder
         self.redo = False  # recompute activation sets too (``--redo``)
         self._model = model
@@ -138,7 +141,7 @@ class Context:
 
             t = time.perf_counter()
             self._model = load_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
-                                     revision=self.config.revision)
+                                     revision=self.config.revision, allow_pickle=self.config.allow_pickle)
             self.say(f"loaded {self.config.model} in {time.perf_counter() - t:.1f}s")
         return self._model
 
@@ -196,31 +199,39 @@ class Context:
     def acts_path(self, label: str, prompts: Sequence, *, layers, readings=("v",), label_tokens=None,
                   model_id: dict | None = None) -> Path:
         key = self._acts_key(self.token_ids(prompts), layers, readings, label_tokens, model_id)
-        return self.folder / "acts" / f"{label}-{key}"
+        return inside(self.folder, self.folder / "acts" / f"{checked_name(label, 'The activation-set label')}-{key}")
 
     def activations(self, label: str, prompts: Sequence, *, layers, readings=("v",), label_tokens=None, model=None,
                     model_id: dict | None = None):
         """The activation set of ``prompts`` (text or token ids) at ``layers``/``readings``, loaded from
         ``acts/<label>-<key>`` when its content key matches, else collected (from the sweep's model or ``model``,
-        whose identity is then ``model_id``) and saved. Loading verifies the stored prompt digest."""
+        whose identity is then ``model_id``) and saved. Loading checks every file's digest and the stored prompt
+        digest; a damaged set is collected again, with one warning. Under the set's lock, so that two sweeps asking
+        for it at once collect it once."""
         from .extract import Activations, collect, prompt_digest
 
         ids = self.token_ids(prompts)
         path = self.acts_path(label, ids, layers=layers, readings=readings, label_tokens=label_tokens,
                               model_id=model_id)
-        if (path / "activations.json").exists() and not self.redo:
-            acts = Activations.load(path)
-            if acts.meta["prompt_digest"] != prompt_digest(ids):
-                raise InterpBayesError(f"{path} holds activations of other prompts than its key says; delete it and "
-                                       "rerun.")
+        with stage_lock(self.folder, f"acts-{path.name}",
+                        lambda: self.say(f"[waiting] {label}: another process is collecting it")):
+            if path.exists() and not self.redo:
+                try:
+                    acts = Activations.load(path)
+                    if acts.meta["prompt_digest"] == prompt_digest(ids):
+                        return acts
+                    problem = f"{path} holds activations of other prompts than its key says"
+                except CacheError as err:
+                    problem = str(err).rstrip(".")
+                warn(f"{problem}; collecting it again.")
+            self.say(f"collecting {label} ({len(ids)} prompts)")
+            acts = collect(model or self.model, ids, layers=layers, readings=readings, label_tokens=label_tokens,
+                           progress=not self.config.quiet, batch_size=self.config.batch_size)
+            if prompts and isinstance(prompts[0], str):
+                acts.meta["texts"] = list(prompts)  # so a run folder shows its prompts without the prompt files
+            with building(path) as tmp:
+                acts.save(tmp)
             return acts
-        self.say(f"collecting {label} ({len(ids)} prompts)")
-        acts = collect(model or self.model, ids, layers=layers, readings=readings, label_tokens=label_tokens,
-                       progress=not self.config.quiet, batch_size=self.config.batch_size)
-        if prompts and isinstance(prompts[0], str):
-            acts.meta["texts"] = list(prompts)  # so a run folder shows its prompts without the prompt files
-        acts.save(path)
-        return acts
 
     def plan_acts(self, probe: str, label: str, prompts: Sequence | int, *, layers, readings=("v",),
                   label_tokens=None, model_id: dict | None = None, dims: dict[str, int] | None = None) -> PlanItem:
@@ -229,7 +240,7 @@ class Context:
         cached = None
         if not isinstance(prompts, int):
             cached = (self.acts_path(label, prompts, layers=layers, readings=readings, label_tokens=label_tokens,
-                                     model_id=model_id) / "activations.json").exists()
+                                     model_id=model_id) / MANIFEST).exists()
         width = sum((dims or {}).get(r, 0) for r in readings) * len(layers)
         return PlanItem(probe, f"activations {label}: {n} prompts, layers {list(layers)}, {', '.join(readings)}",
                         cached, 0 if cached else n, 0 if cached else 4 * n * (width + 2))
@@ -327,32 +338,79 @@ def _probes(config: SweepConfig) -> list[Probe]:
     return probes
 
 
-def _cached(folder: Path, probe: Probe) -> bool:
-    stage = folder / "stage.json"
-    return stage.exists() and (folder / "rows.json").exists() and read_json(stage).get("key") == probe.key()
+def stage_problem(folder: Path, key: str) -> str | None:
+    """None when ``folder`` holds a finished stage of ``key`` whose files all match their digests; else why not:
+    "" when it is absent or of other parameters (recomputed silently), a sentence when it is damaged."""
+    try:
+        if read_json(folder / "stage.json").get("key") != key:
+            return ""
+        unseal(folder, "stage.json")
+    except FileNotFoundError:
+        return ""
+    except CacheError as err:
+        return str(err).rstrip(".")
+    return None
 
 
 def plan_sweep(config: SweepConfig) -> list[PlanItem]:
     """What ``run_sweep`` would do: per probe, cached or not, and the activation sets and forward passes the rest
-    needs (``--dry-run``). Loads the tokenizer and config, never the weights."""
+    needs (``--dry-run``). Loads the tokenizer and config, never the weights, and writes nothing."""
     folder = run_folder(config)
-    ctx = Context(folder, config, lambda *_: None)
+    ctx = Context(folder, config, lambda *_: None, dry_run=True)
+    probes = _probes(config)
+    ctx.layers(None)  # a layer out of range is refused here as in a run
     items = []
-    for probe in _probes(config):
-        if _cached(folder / "probes" / probe.name, probe):
-            items.append(PlanItem(probe.name, f"probe of kind {probe.kind.name}", True))
-            continue
-        items.append(PlanItem(probe.name, f"probe of kind {probe.kind.name}", False))
-        items += probe.kind.plan(ctx, probe.params)
+    for probe in probes:
+        problem = stage_problem(folder / "probes" / probe.name, probe.key())
+        what = f"probe of kind {probe.kind.name}" + (f" (damaged cache, recomputed: {problem})" if problem else "")
+        items.append(PlanItem(probe.name, what, problem is None))
+        if problem is not None:
+            items += probe.kind.plan(ctx, probe.params)
     return items
 
 
-def _clear(folder: Path) -> None:
-    """Remove a probe folder's files before it is recomputed, so no file of other parameters survives."""
-    import shutil
+def _create(folder: Path) -> Path | None:
+    """Make the run folder; the topmost folder this made (None if it existed), so a run that fails before it
+    holds anything can leave no trace. An ``out`` that cannot hold folders is refused in one sentence."""
+    missing = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe_file = folder / "locks"
+        probe_file.mkdir(exist_ok=True)
+        os.close(os.open(probe_file / "folder.lock", os.O_RDWR | os.O_CREAT, 0o666))
+    except OSError as err:
+        if missing is not None and missing.exists():
+            shutil.rmtree(missing, ignore_errors=True)
+        raise ConfigError(f"Cannot write the run folder {folder} ({err.strerror or err}); pass an --out folder "
+                          "you can write to.") from None
+    return missing
 
-    if folder.exists():
-        shutil.rmtree(folder)
+
+def _holds_results(folder: Path) -> bool:
+    """Whether a run folder holds a finished probe or activation set (worth keeping after a failure)."""
+    return any((folder / "probes").glob("*/stage.json")) or any((folder / "acts").glob(f"*/{MANIFEST}"))
+
+
+def _remove_trace(folder: Path, created: Path) -> None:
+    """Remove a run folder that this call created and that holds no result, unless another process works in it
+    (it holds the folder lock), then the empty folders above it up to ``created``."""
+    import fcntl
+
+    fd = os.open(folder / "locks" / "folder.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    finally:
+        os.close(fd)
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:
+        if created != parent and created not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> Run:
@@ -369,64 +427,95 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
         raise ConfigError(f"--redo names {', '.join(unknown)}, which are not probes of this sweep; probes: "
                           f"{', '.join(p.name for p in probes)}.")
     folder = run_folder(config)
-    folder.mkdir(parents=True, exist_ok=True)
     run = Run(folder, config)
     say = (lambda *_: None) if config.quiet else print
-    with working_in(folder):  # other processes may work on this cell too (stale temp files are removed first)
-        atomic_write_text(folder / "config.yaml", config.to_yaml())
-        write_json(folder / "run.json", dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes]))
-        if not (folder / "env.json").exists():
-            write_json(folder / "env.json", environment(config.seed))
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        ctx = Context(folder, config, say, model)
-        ctx.layers(None)  # a layer out of range is refused before anything runs
-        finished = 0
-        try:
-            for probe in probes:
-                pfolder = folder / "probes" / probe.name
-                # under the stage's lock, so that a second process on this cell waits and then finds it cached
-                with stage_lock(folder, f"probe-{probe.name}",
-                                lambda: say(f"[waiting] {probe.name}: another process is computing it")):
-                    cached = probe.name not in redo and _cached(pfolder, probe)
-                    if not cached:
-                        _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
-                finished += 1
-                if cached:
-                    say(f"[cached] {probe.name}")
-                else:
-                    run.computed.append(probe.name)
+    ctx = Context(folder, config, say, model)
+    ctx.layers(None)  # a layer out of range is refused before anything is written
+    created = _create(folder)
+    record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
+    finished = 0
+    try:
+        with working_in(folder):  # other processes may work on this cell too (stale temp files are removed first)
+            # config.yaml and run.json (the report's probe list) describe the last sweep that finished; a failing
+            # sweep leaves a finished folder's as they were
+            if not (folder / "run.json").exists():
+                atomic_write_text(folder / "config.yaml", config.to_yaml())
+                write_json(folder / "run.json", record)
+            recorded = _record_text(folder)
+            if not (folder / "env.json").exists():
+                write_json(folder / "env.json", environment(config.seed))
+            if config.threads:
+                torch.set_num_threads(config.threads)
+            views_current = (folder / "report.html").exists()
+            try:
+                for probe in probes:
+                    pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
+                    # under the stage's lock, so that a second process on this cell waits and then finds it cached
+                    with stage_lock(folder, f"probe-{probe.name}",
+                                    lambda: say(f"[waiting] {probe.name}: another process is computing it")):
+                        problem = "" if probe.name in redo else stage_problem(pfolder, probe.key())
+                        if problem:
+                            warn(f"{problem}; recomputing probe {probe.name}.")
+                        if problem is not None:
+                            views_current = False
+                            _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
+                    finished += 1
+                    if problem is None:
+                        say(f"[cached] {probe.name}")
+                    else:
+                        run.computed.append(probe.name)
+                        _views(folder)
+                        views_current = True
+                atomic_write_text(folder / "config.yaml", config.to_yaml())
+                write_json(folder / "run.json", record)
+                views_current = views_current and _record_text(folder) == recorded  # the page shows both
+            finally:  # the views show what the folder holds now, however the loop ended
+                if not views_current and _holds_results(folder):
                     _views(folder)
-            if not run.computed and not (folder / "report.html").exists():
-                _views(folder)
-        except KeyboardInterrupt:
-            _views(folder)  # the report shows what finished (the interrupt may have cut a rebuild short)
+    except BaseException as err:
+        if created is not None and not _holds_results(folder):  # a failed first run leaves no trace
+            _remove_trace(folder, created)
+        if isinstance(err, KeyboardInterrupt):
             raise SweepInterrupted(finished, len(probes), folder) from None
+        raise
     return run
 
 
+def _record_text(folder: Path) -> str:
+    """The run's record as the report shows it: its probe list and config."""
+    return "".join((folder / name).read_text() if (folder / name).exists() else "" for name in ("run.json",
+                                                                                             "config.yaml"))
+
+
 def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None:
+    """Compute a probe into a temporary folder that replaces ``pfolder`` only when it succeeds, so a failure leaves
+    the previous results (and the views of them) as they were."""
     import torch
 
-    _clear(pfolder)
-    ctx.probe_folder, ctx.redo = pfolder, redo
+    from .kinds import provenance
+
     if ctx._model is not None and not (ctx.folder / "model.json").exists():
         _write_model_json(ctx)
-    torch.manual_seed(ctx.config.seed)
-    t = time.perf_counter()
-    result = probe.kind.run(ctx, probe.params)
-    seconds = time.perf_counter() - t
-    for row in result.rows:
-        row.probe, row.kind = probe.name, probe.kind.name
-    write_rows(pfolder / "rows.json", result.rows)
-    write_json(pfolder / "data.json", result.data)
-    if ctx._model is not None and not (ctx.folder / "model.json").exists():
-        _write_model_json(ctx)
-    # stage.json last: its presence with a matching key marks the probe as finished
-    write_json(pfolder / "stage.json", dict(key=probe.key(), kind=probe.kind.name, kind_ref=probe.kind_ref,
-                                            version=probe.kind.version,
-                                            params=probe.params.to_dict(), package=__version__, seconds=seconds))
-    ctx.redo = False
+    with building(pfolder) as tmp:
+        ctx.probe_folder, ctx.redo = tmp, redo
+        try:
+            torch.manual_seed(ctx.config.seed)
+            t = time.perf_counter()
+            result = probe.kind.run(ctx, probe.params)
+            seconds = time.perf_counter() - t
+        finally:
+            ctx.probe_folder, ctx.redo = pfolder, False
+        for row in result.rows:
+            row.probe, row.kind = probe.name, probe.kind.name
+        write_rows(tmp / "rows.json", result.rows)
+        write_json(tmp / "data.json", result.data)
+        if ctx._model is not None and not (ctx.folder / "model.json").exists():
+            _write_model_json(ctx)
+        # stage.json last, with the digest of every file: its presence with a matching key marks the probe as
+        # finished; kind_module / kind_from say what a fresh `interp-bayes report` imports to get a plugin kind back
+        seal(tmp, "stage.json", dict(key=probe.key(), kind=probe.kind.name, kind_ref=probe.kind_ref,
+                                     **provenance(probe.kind), version=probe.kind.version,
+                                     params=probe.params.to_dict(), package=__version__, seconds=seconds))
     ctx.say(f"[done] {probe.name} in {seconds:.1f}s")
 
 

@@ -99,13 +99,17 @@ def test_cells_are_models_x_revisions_x_seeds(tmp_path):
     assert cells[2].label == "EleutherAI/pythia-70m@step1000 seed 0"
 
 
-def test_revisions_enter_the_run_key_and_a_local_folder_refuses_one(tiny_dirs):
+def test_revisions_enter_the_run_key_and_a_local_folder_refuses_one(tiny_dirs, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
     from interp_bayes.errors import ModelNotFoundError
     from interp_bayes.models import load_model, model_identity
 
-    hub = "EleutherAI/pythia-70m"  # no network needed: a Hub id's identity is its name and revision
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty HF cache, whatever this machine holds
+    hub = "EleutherAI/pythia-70m"  # offline and not cached: the identity is the revision's name, marked unresolved
     keys = {rev: run_folder(SweepConfig(model=hub, revision=rev)) for rev in (None, "step1000", "step143000")}
-    assert len(set(keys.values())) == 3 and model_identity(hub, "step1000") == dict(hub=hub, revision="step1000")
+    assert len(set(keys.values())) == 3 and model_identity(hub, "step1000") == dict(hub=hub, revision="step1000",
+                                                                                    commit=None)
     folder = str(tiny_dirs["pythia"])
     with pytest.raises(ModelNotFoundError, match=r"is a local folder, which has no revisions \(asked: 'step1000'\)"):
         load_model(folder, revision="step1000")

@@ -38,6 +38,10 @@ class Params:
             if not _fits(value, hints[name]):
                 raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' must be {_describe(hints[name])}, "
                                   f"not {value!r}.")
+            least = _least(name)
+            if least is not None and _is_int(value) and value < least:
+                raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' counts something and must be at "
+                                  f"least {least}, not {value!r}.")
         return cls(**{k: _freeze(v) for k, v in data.items()})
 
     def to_dict(self) -> dict:
@@ -62,11 +66,27 @@ def _freeze(value):
     return value
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _least(name: str) -> int | None:
+    """The least value of an integer parameter that counts something, by the naming convention every kind follows:
+    ``n_*``, ``per_*``, ``*_n`` and ``*_bins`` count draws, prompts, items or bins (at least 1); ``folds`` are cross-fitting folds
+    (at least 2). None: not a count."""
+    if name == "folds":
+        return 2
+    return 1 if name.startswith(("n_", "per_")) or name.endswith(("_n", "_bins")) else None
+
+
 def _fits(value, hint) -> bool:
-    """A light type check of a recipe value against a field's annotation (ints accepted for floats)."""
+    """A light type check of a recipe value against a field's annotation (ints accepted for floats; a ``Literal``
+    takes only its choices)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, a) for a in args)
     if hint is type(None):
@@ -83,13 +103,15 @@ def _fits(value, hint) -> bool:
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return _is_int(value)
     if isinstance(hint, type):
         return isinstance(value, hint)
     return True
 
 
 def _describe(hint) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 

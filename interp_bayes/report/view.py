@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-import yaml
-
-from ..errors import InterpBayesError
+from ..config import read_yaml
+from ..errors import CacheError, ConfigError, InterpBayesError
 from ..results import Row, read_rows
-from ..store import read_json
+from ..store import read_json, unseal, warn
 
 
 class ReportError(InterpBayesError, ValueError):
@@ -19,7 +18,12 @@ class ReportError(InterpBayesError, ValueError):
 
 
 def _read_optional(path: Path) -> dict:
-    return read_json(path) if path.exists() else {}
+    """A JSON record of the run folder, or {} when it is absent or damaged (with one warning)."""
+    try:
+        return read_json(path) if path.exists() else {}
+    except CacheError as err:
+        warn(str(err))
+        return {}
 
 
 @dataclass
@@ -33,6 +37,9 @@ class ProbeView:
     seconds: float | None = None
     rows: list[Row] = field(default_factory=list)
     kind_ref: str = ""  # how the recipe named the kind (``module.py:NAME`` imports a plugin)
+    kind_module: str = ""  # what to import to get the kind back (``kinds.provenance``): file, module or entry point
+    kind_from: str = ""  # which of those it is
+    load_error: str = ""  # why the kind could not be loaded here (set by ``kind_object``)
 
     @cached_property
     def data(self) -> dict:
@@ -45,11 +52,14 @@ class ProbeView:
         return kind.params.from_dict(self.params) if kind is not None else None
 
     def kind_object(self):
-        from ..kinds import get_kind
+        """The probe's kind, importing the module its stage recorded (a plugin's file, module or entry point), or
+        None when it cannot be loaded here (``load_error`` says which module it needs)."""
+        from ..kinds import load_kind
 
         try:
-            return get_kind(self.kind_ref or self.kind)
-        except InterpBayesError:
+            return load_kind(self.kind, self.kind_module, self.kind_from, self.kind_ref)
+        except InterpBayesError as err:
+            self.load_error = str(err)
             return None
 
 
@@ -69,7 +79,11 @@ class RunView:
         if not (folder / "run.json").exists() and not (folder / "config.yaml").exists():
             raise ReportError(f"{folder} is not a run folder (no run.json); pass a folder written by "
                               "`interp-bayes sweep` (reports/<model>/<run key>).")
-        config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
+        try:
+            config = read_yaml(folder / "config.yaml", "The run's config") if (folder / "config.yaml").exists() else {}
+        except ConfigError as err:
+            warn(str(err))
+            config = {}
         order = [p["name"] for p in _read_optional(folder / "run.json").get("probes", [])]
         return cls(folder, config or {}, _read_optional(folder / "env.json"), _read_optional(folder / "model.json"),
                    order)
@@ -84,11 +98,16 @@ class RunView:
     def _probes(self) -> list[ProbeView]:
         found = {}
         for stage in sorted((self.folder / "probes").glob("*/stage.json")):
-            s = read_json(stage)
+            try:  # a damaged stage is left out with one warning (the next sweep recomputes it)
+                s = unseal(stage.parent, "stage.json")
+            except CacheError as err:
+                warn(f"{str(err).rstrip('.')}; probe {stage.parent.name} is left out until a sweep recomputes it.")
+                continue
             rows_path = stage.parent / "rows.json"
             if rows_path.exists():
                 found[stage.parent.name] = ProbeView(stage.parent.name, s["kind"], s.get("params", {}), stage.parent,
-                                                     s.get("seconds"), read_rows(rows_path), s.get("kind_ref", ""))
+                                                     s.get("seconds"), read_rows(rows_path), s.get("kind_ref", ""),
+                                                     s.get("kind_module", ""), s.get("kind_from", ""))
         ordered = [found.pop(n) for n in self.order if n in found]
         return ordered + [found[n] for n in sorted(found)]
 
@@ -106,8 +125,10 @@ class RunView:
         out = []
         for p in self._probes:
             kind = p.kind_object()
-            if kind is None:  # a plugin kind that is not importable here: show its rows as they are
-                out += [Line(f"{p.name}: {r.metric} {r.scope}", f"{r.value:.4g}", r.verdict()) for r in p.rows]
+            if kind is None:  # a plugin kind that is not importable here: say what it needs, show its rows as they are
+                out.append(Line(f"{p.name}: kind {p.kind} not loaded", p.load_error))
+                out += [Line(f"{p.name}: {r.metric} {r.scope}", "n/a" if r.value is None else f"{r.value:.4g}",
+                             r.verdict()) for r in p.rows]
                 continue
             out += kind.summary(p.rows, p.params_object())
         return out
