@@ -29,21 +29,21 @@ import torch
 
 from .errors import AxisError
 from .geometry import CONSTANT_RTOL, as_float64, correlations, pca
+from .stats import fit_ridge, group_folds, residual_confounding, residualize
 
 METHODS = ("pc1", "ridge")
 
 
 def _fit_direction(x: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
     """Unit direction in raw value space for rows ``x`` and entropies ``y``, oriented so projection grows with y."""
-    mean, sd = x.mean(axis=0), x.std(axis=0, ddof=1)
-    sd = np.where(sd > 0, sd, 1.0)
     if method == "pc1":
+        sd = x.std(axis=0, ddof=1)
+        sd = np.where(sd > 0, sd, 1.0)
         _, comps, _ = pca(x)
         w = comps[0]
     elif method == "ridge":
-        from sklearn.linear_model import RidgeCV
-
-        w = RidgeCV(alphas=np.logspace(-3, 4, 15)).fit((x - mean) / sd, y).coef_
+        fit = fit_ridge(x, y)  # the toolkit's one ridge: standardised inputs, leave-one-out penalty
+        w, sd = fit.coef[:, 0], fit.sd
     else:
         raise AxisError(f"Unknown axis method '{method}'; choose one of {', '.join(METHODS)}.")
     u = w / sd
@@ -67,6 +67,9 @@ class EntropyAxis:
     in_sample: dict  # pearson / spearman of v . u with entropy on the fit prompts
     held_out: dict | None  # the same from cross-fitting (None when folds < 2)
     provenance: dict = field(default_factory=dict)
+    # the share of the fit prompts' projection variance that lies between strata (e.g. values of k), when strata
+    # were given: how much of the axis is still the confound (``stats.residual_confounding``)
+    residual_confounding: float | None = None
 
     def __repr__(self) -> str:
         held = f"{self.held_out['pearson']:+.3f}" if self.held_out else "n/a"
@@ -100,23 +103,21 @@ class EntropyAxis:
 
 
 def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds: int, seed: int,
-                             control: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                             control: np.ndarray | None = None, groups=None
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(each row projected on an axis fitted on the other folds, the target it is compared with, and the row's
     unresidualised values projected on that same axis: the held-out readout a deconfounded analysis starts from).
 
+    Folds are made of whole ``groups`` (``stats.group_folds``: a wind tunnel's sequences; None: every row its own).
     Projections are centred on the training fold's mean: each fold's axis has its own offset mean . u, and pooling
     uncentred projections across folds mixes those offsets into the correlation (a constant added to every value
     would change it). With ``control`` ([n, c] nuisance covariates), the values and the target are residualised on
     them inside each fold: the coefficients are fitted on the training fold only and applied to the held-out fold,
     so nothing about the held-out prompts leaks into the axis; the target returned is then the residualised one."""
-    from sklearn.model_selection import KFold
-
-    from .confounds import residualize
-
     if folds > len(x):
         raise AxisError(f"folds={folds} exceeds the {len(x)} fit prompts; use fewer folds.")
     out, target, raw = np.empty(len(x)), y.copy(), np.empty(len(x))
-    for train, part in KFold(n_splits=folds, shuffle=True, random_state=seed).split(x):
+    for train, part in group_folds(groups, folds, seed=seed, n=len(x)):
         x_train, x_part, y_train = x[train], x[part], y[train]
         if control is not None:
             x_train, x_part = residualize(x_train, x_part, control[train], control[part])
@@ -140,7 +141,7 @@ def _control_matrix(control, n: int) -> tuple[np.ndarray | None, list[str]]:
 
 
 def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int = 5, entropy=None,
-                     subset=None, seed: int = 0, control=None) -> EntropyAxis:
+                     subset=None, seed: int = 0, control=None, strata=None) -> EntropyAxis:
     """Fit the entropy axis of ``layer`` from ``Activations`` (value reading).
 
     entropy: the target, default the model's own predictive entropy (``acts.entropy``); pass Bayes entropy to fit
@@ -150,10 +151,11 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     ``confounds.nuisance_columns``, or an [n, c] array): the **conditional axis**. Values and target are
     residualised on them (inside each training fold for the held-out number) before PC1 or ridge, so the axis
     follows what entropy does beyond position, length or k; its in-sample and held-out correlations are then
-    partial correlations given the covariates.
+    partial correlations given the covariates. Discrete covariates enter as one indicator per level, length as a
+    spline basis (``confounds.covariate_matrix``). The held-out folds are made of whole ``acts.groups``.
+    strata: one label per prompt (e.g. k): the axis then reports its ``residual_confounding``, the share of its
+    projection's variance on the fit prompts that lies between strata.
     """
-    from .confounds import residualize
-
     x_all = as_float64(acts.values(layer))
     y_all = as_float64(acts.entropy if entropy is None else entropy)
     idx = np.arange(len(x_all)) if subset is None else np.asarray(subset)
@@ -168,12 +170,14 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     proj = x @ u
     held_out = None
     if folds and folds >= 2:
-        out, target, raw = cross_fitted_projections(x, y, method, folds=folds, seed=seed, control=cov)
+        groups = None if acts.groups is None else np.asarray(acts.groups)[idx]
+        out, target, raw = cross_fitted_projections(x, y, method, folds=folds, seed=seed, control=cov, groups=groups)
         held_out = dict(correlations(out, target), folds=folds, projections=raw.tolist())
     layer_idx = acts.layer_index(layer)
     provenance = dict(model=acts.meta.get("model"), layer=layer_idx, prompt_digest=acts.meta.get("prompt_digest"),
                       n_fit=int(len(idx)), fit_indices=idx.tolist(), target="model entropy" if entropy is None
                       else "given entropy", seed=seed, control=cov_names)
+    between = None if strata is None else residual_confounding(proj, np.asarray(strata)[idx])
     return EntropyAxis(direction=torch.tensor(u, dtype=torch.float32), layer=layer_idx, method=method,
                        sigma=float(proj.std(ddof=1)), in_sample=correlations(x_fit @ u, y_fit), held_out=held_out,
-                       provenance=provenance)
+                       provenance=provenance, residual_confounding=between)

@@ -1,6 +1,7 @@
 """Belief-state probes (Shai et al. 2024): can the exact posterior be read linearly from a model's activations?
 
-A ridge regression (standardised inputs, penalty chosen by exact leave-one-out error inside each training fold)
+A ridge regression (``stats.RidgeBasis``: standardised inputs, penalty chosen by exact leave-one-out error inside
+each training fold)
 from one reading (the residual stream after a block, the concatenated value vectors or the attention output) onto
 the exact posterior vector, cross-fitted over sequences: every prediction comes from a probe fitted on other
 sequences, so positions of one sequence never sit on both sides. Reported per reading and layer:
@@ -32,9 +33,9 @@ import torch
 from .calibration import kl_bits
 from .errors import ConfigError
 from .extract import HOOKS
-from .geometry import as_float64
+from .stats import (as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval,
+                    permutations, r2)
 
-ALPHAS = np.logspace(-3, 5, 17)
 PROBE_READINGS = ("resid", "v", "z")
 FLOOR = 1e-3
 
@@ -51,8 +52,10 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
     unknown = set(readings) - set(PROBE_READINGS)
     if unknown:
         raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(PROBE_READINGS)}.")
+    from .sweep import resolve_layers  # refuses an out-of-range layer instead of wrapping it around
+
     n_layers = model.cfg.n_layers
-    layers = list(range(n_layers)) if layers is None else [layer % n_layers for layer in layers]
+    layers = resolve_layers(layers, n_layers, range(n_layers))
     device = next(model.parameters()).device
     pos = batch.query_pos.to(device)
     got: dict[tuple[str, int], list[torch.Tensor]] = {(r, layer): [] for r in readings for layer in layers}
@@ -70,101 +73,10 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
     return {r: {layer: torch.cat(got[(r, layer)]) for layer in layers} for r in readings}
 
 
-def pooled_r2(y: np.ndarray, y_hat: np.ndarray) -> float:
-    """1 - sum of squared residuals / total sum of squares, over all rows and coordinates ([n, H] each)."""
-    total = ((y - y.mean(axis=0)) ** 2).sum()
-    return float(1.0 - ((y - y_hat) ** 2).sum() / total) if total > 0 else float("nan")
-
-
 def simplex_belief(pred: np.ndarray, floor: float = FLOOR) -> np.ndarray:
     """Rows clipped at ``floor`` and renormalised: a probability vector from a linear prediction."""
     clipped = np.maximum(pred, floor)
     return clipped / clipped.sum(axis=-1, keepdims=True)
-
-
-@dataclass
-class RidgeFit:
-    """A ridge probe on standardised inputs: predict(x) = ((x - mean) / sd) @ coef + intercept."""
-
-    mean: np.ndarray  # [d]
-    sd: np.ndarray  # [d]
-    coef: np.ndarray  # [d, H]
-    intercept: np.ndarray  # [H]
-    alpha: float
-    loo_mse: float  # leave-one-out mean squared error (per row and coordinate) at ``alpha``
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return ((x - self.mean) / self.sd) @ self.coef + self.intercept
-
-
-class RidgeBasis:
-    """The SVD of one training set's standardised inputs, shared by every target fitted on them."""
-
-    def __init__(self, x: np.ndarray) -> None:
-        self.mean, sd = x.mean(axis=0), x.std(axis=0)
-        self.sd = np.where(sd > 0, sd, 1.0)
-        self.u, self.s, self.vt = np.linalg.svd((x - self.mean) / self.sd, full_matrices=False)
-        self.leverage_u2 = self.u**2
-
-    def fit(self, y: np.ndarray, alphas: np.ndarray = ALPHAS) -> RidgeFit:
-        """Multi-output ridge with an unpenalised intercept, the penalty chosen among ``alphas`` by the exact
-        leave-one-out error pooled over outputs (the LOO residual of a linear smoother is (y - y_hat) / (1 - h_ii)):
-        what ``sklearn.linear_model.RidgeCV`` computes, from one SVD for all alphas and targets."""
-        y_mean = y.mean(axis=0)
-        yc = y - y_mean
-        uty = self.u.T @ yc  # [k, H]
-        best = (np.inf, None)
-        for alpha in alphas:
-            shrink = self.s**2 / (self.s**2 + alpha)  # [k]
-            resid = yc - self.u @ (shrink[:, None] * uty)
-            leverage = self.leverage_u2 @ shrink + 1.0 / len(y)  # [n] hat-matrix diagonal, intercept included
-            loo = float(((resid / (1.0 - leverage)[:, None]) ** 2).mean())
-            if loo < best[0]:
-                best = (loo, alpha)
-        loo, alpha = best
-        coef = self.vt.T @ ((self.s / (self.s**2 + alpha))[:, None] * uty)  # [d, H]
-        return RidgeFit(self.mean, self.sd, coef, y_mean, float(alpha), loo)
-
-
-def fit_ridge(x: np.ndarray, y: np.ndarray, alphas: np.ndarray = ALPHAS) -> RidgeFit:
-    """Ridge probe of ``y`` [n, H] on standardised ``x`` [n, d], penalty by leave-one-out (``RidgeBasis.fit``)."""
-    return RidgeBasis(x).fit(y, alphas)
-
-
-def cross_fitted_ridge(x: np.ndarray, ys: list[np.ndarray], groups: np.ndarray, *, folds: int = 5, seed: int = 0,
-                       alphas: np.ndarray = ALPHAS) -> list[np.ndarray]:
-    """Held-out ridge predictions of each target in ``ys`` ([n, H] each) from ``x`` [n, d]: each group (sequence)
-    predicted by a probe fitted on the other folds of groups (standardised on the training fold, LOO penalty)."""
-    from sklearn.model_selection import GroupKFold
-
-    if len(np.unique(groups)) < folds:
-        raise ConfigError(f"{len(np.unique(groups))} sequences cannot be split into {folds} folds; use more sequences "
-                          "or fewer folds.")
-    out = [np.empty_like(y) for y in ys]
-    for train, test in GroupKFold(n_splits=folds, shuffle=True, random_state=seed).split(x, groups=groups):
-        basis = RidgeBasis(x[train])
-        for y, pred in zip(ys, out):
-            pred[test] = basis.fit(y[train], alphas).predict(x[test])
-    return out
-
-
-def bootstrap_r2(y: np.ndarray, y_hat: np.ndarray, group: np.ndarray, *, n_boot: int, seed: int) -> np.ndarray:
-    """``pooled_r2`` over ``n_boot`` resamples of whole groups (``group``: 0..G-1 per row), from per-group sums:
-    a resample's sums are its group counts times the groups' sums."""
-    G = int(group.max()) + 1
-    stats = np.stack([np.bincount(group, minlength=G).astype(float),  # rows
-                      np.bincount(group, weights=((y - y_hat) ** 2).sum(-1), minlength=G),  # residual squares
-                      np.bincount(group, weights=(y**2).sum(-1), minlength=G)], axis=1)  # [G, 3]
-    sums = np.stack([np.bincount(group, weights=y[:, h], minlength=G) for h in range(y.shape[1])], axis=1)  # [G, H]
-    rng = np.random.default_rng(seed)
-    counts = np.stack([np.bincount(rng.integers(0, G, G), minlength=G) for _ in range(n_boot)]).astype(float)
-    rows, res, sq = (counts @ stats).T  # [n_boot] each
-    total = sq - ((counts @ sums) ** 2).sum(-1) / rows
-    return 1.0 - res / total
-
-
-def _interval(samples: np.ndarray) -> list[float]:
-    return [float(np.quantile(samples, 0.025)), float(np.quantile(samples, 0.975))]
 
 
 def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: int = 20, n_boot: int = 1000,
@@ -189,24 +101,18 @@ def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: in
 
 def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffles: int, n_boot: int, seed: int,
                   floor: float, simplex: bool) -> dict[str, Any]:
-    groups = np.arange(len(x)) if groups is None else np.asarray(groups)
-    ids, inverse = np.unique(groups, return_inverse=True)
-    sizes = np.bincount(inverse)
-    by_sequence = (sizes == sizes[0]).all() and (inverse == np.repeat(np.arange(len(ids)), sizes[0])).all()
-    nulls = []
-    for i in range(n_shuffles):
-        shuffle_rng = np.random.default_rng([seed, 1, i])
-        if by_sequence:  # permute whole sequences, keeping each row's position
-            order = shuffle_rng.permutation(len(ids))
-            nulls.append(y[(order[:, None] * sizes[0] + np.arange(sizes[0])[None, :]).reshape(-1)])
-        else:
-            nulls.append(y[shuffle_rng.permutation(len(y))])
-    y_hat, *null_hats = cross_fitted_ridge(x, [y, *nulls], groups, folds=folds, seed=seed)
+    inverse = group_ids(groups, len(x))
+    # permute whole sequences, each row keeping its position, where rows come sequence by sequence; else rows
+    order = group_permutations(inverse, n_shuffles, [seed, 1])
+    if order is None:
+        order = permutations(len(y), n_shuffles, [seed, 1])
+    nulls = [y[o] for o in order]
+    y_hat, *null_hats = cross_fitted_ridge(x, [y, *nulls], inverse, folds=folds, seed=seed)
     boot = bootstrap_r2(y, y_hat, inverse, n_boot=n_boot, seed=seed)
-    null = [pooled_r2(y_null, hat) for y_null, hat in zip(nulls, null_hats)]
-    out = dict(r2=pooled_r2(y, y_hat), r2_ci=_interval(boot), n=int(len(y)), n_sequences=int(len(ids)),
-               dim=int(x.shape[1]), folds=folds,
-               shuffled=dict(mean=float(np.mean(null)), range=_interval(np.array(null)), n=n_shuffles))
+    null = [r2(y_null, hat, pooled=True) for y_null, hat in zip(nulls, null_hats)]
+    out = dict(r2=r2(y, y_hat, pooled=True), r2_ci=interval(boot), n=int(len(y)),
+               n_sequences=int(inverse.max()) + 1, dim=int(x.shape[1]), folds=folds,
+               shuffled=dict(mean=float(np.mean(null)), range=interval(null), n=n_shuffles))
     out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
     return out
 

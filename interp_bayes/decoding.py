@@ -2,8 +2,9 @@
 
 A single PCA axis is one narrow readout (Kossen et al. 2024, semantic-entropy probes, arXiv 2406.15927, decode
 uncertainty linearly from the hidden states). For every reading (residual stream, values, attention output) and
-layer, a ridge regression predicts the target entropy from the final-token reading, cross-fitted over K folds
-(each prompt predicted by a model that never saw it); the held-out R^2 says how much of the entropy is linearly
+layer, a ridge regression predicts the target entropy from the final-token reading, cross-fitted over K folds of
+whole groups (``acts.groups``: a wind tunnel's sequence, whose prefixes are the prompts; each prompt predicted by a
+model that saw no prompt of its group); the held-out R^2 says how much of the entropy is linearly
 decodable there. Beside it, the PC1 axis of the same reading (the paper's readout, ``axis.py``), also fitted on
 the training folds only: its held-out r^2 over the ridge R^2 is the share of the decodable uncertainty that the one
 unsupervised direction carries.
@@ -13,7 +14,7 @@ residualised on them inside each training fold (the fit on the training rows, ap
 the ridge decodes that residual from the readings with the covariates beside them, unpenalised (Frisch-Waugh-Lovell;
 see ``cross_fitted_decoding``). What remains is the entropy that position, length and k do not explain.
 
-Each R^2 has a bootstrap interval over prompts and a permutation null (the target shuffled, everything refitted:
+Each R^2 has a bootstrap interval over groups and a permutation null (the target shuffled, everything refitted:
 the R^2 a decoder reaches on noise of the same distribution).
 """
 
@@ -24,77 +25,53 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .axis import _fit_direction
-from .confounds import residualize
-from .geometry import CI_LEVEL, as_float64, correlations
+from .geometry import as_float64, correlations
 from .results import Row
+from .stats import (ALPHAS, RidgeBasis, bootstrap_pearson, bootstrap_r2, group_folds, group_permutations, interval,
+                    permutations, r2, residualize)
 
 READINGS = ("resid", "v", "z")  # residual stream after the block, values (per KV head), attention output
-ALPHAS = np.logspace(-2, 6, 17)
 # readings are stored in float32: a reading whose spread across prompts is below this fraction of its scale is one
 # vector up to rounding (SmolLM2's layer-0 value of the final ':' varies by 3e-7 of its size with the batch shape)
 READING_RTOL = 1e-5
-# covariate columns beside the readings are multiplied by this, so the ridge penalty on their coefficients is at most
-# max(ALPHAS) / COVARIATE_SCALE^2 = 1e-2 of a reading's: unpenalised in practice
-COVARIATE_SCALE = 1e4
 
 
-def _r2(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
-    """Pooled held-out R^2 per column (1 - SSE / total sum of squares around the pooled mean)."""
-    y, pred = y.reshape(len(y), -1), pred.reshape(len(pred), -1)
-    return 1 - ((y - pred) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
-
-
-def cross_fitted_decoding(x, y, *, covariates=None, folds: int = 5, n_null: int = 20, alphas=ALPHAS,
+def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5, n_null: int = 20, alphas=ALPHAS,
                           seed: int = 0) -> dict:
-    """Held-out ridge predictions and PC1-axis projections of ``y`` from ``x`` ([n, d]), K-fold cross-fitted.
+    """Held-out ridge predictions and PC1-axis projections of ``y`` from ``x`` ([n, d]), cross-fitted over K folds
+    of whole ``groups`` (``stats.group_folds``; None: every row its own group).
 
     With ``covariates``, the target and the axis projection are residualised on them in each fold (fitted on the
     training rows, applied to the held-out rows), and the ridge sees the readings beside the covariates, whose
-    coefficients are left practically unpenalised (their standardised columns scaled by ``COVARIATE_SCALE``): by
+    coefficients are left practically unpenalised (``stats.RidgeBasis``'s ``free`` columns): by
     Frisch-Waugh-Lovell that is the ridge of the residualised target on the residualised readings, but with the
     penalty chosen by a leave-one-out that is right. Residualising the readings on the training rows themselves
     makes that choice degenerate: every training row becomes exactly predictable as the penalty goes to 0, the
     smallest penalty wins and held-out R^2 collapses (SmolLM2's layer-0 residuals: -3 to -15, its shuffled-target
     nulls as low). Returns ``y`` (the target, residualised per fold when ``covariates`` are given), ``ridge``
     (held-out predictions), ``axis`` (held-out projections on the training folds' PC1 axis, centred on the training
-    mean) and ``null_r2`` (the ridge R^2 for ``n_null`` shuffled targets, the same folds). The shuffled targets are
-    fitted together with the real one (one multi-output RidgeCV, a penalty per target)."""
-    from sklearn.linear_model import RidgeCV
-    from sklearn.model_selection import KFold
-    from sklearn.preprocessing import StandardScaler
-
+    mean) and ``null_r2`` (the ridge R^2 for ``n_null`` shuffled targets, whole groups moved where they are of one
+    size, the same folds). The shuffled targets are fitted together with the real one (a penalty per target)."""
     x, y = as_float64(x), as_float64(y)
-    rng = np.random.default_rng(seed)
-    targets = np.column_stack([y] + [rng.permutation(y) for _ in range(n_null)])  # [n, 1 + n_null]
+    # the null moves whole groups where it can (a wind tunnel's sequences, each row keeping its position), so the
+    # shuffled target keeps the real one's structure within a group; otherwise it shuffles rows
+    perms = group_permutations(groups, n_null, [seed, 1]) if groups is not None else None
+    if perms is None:
+        perms = permutations(len(y), n_null, seed)
+    targets = np.column_stack([y, y[perms].T])  # [n, 1 + n_null]
     pred, y_out, axis = np.empty_like(targets), np.empty_like(targets), np.empty(len(y))
-    for train, test in KFold(n_splits=folds, shuffle=True, random_state=seed).split(x):
+    for train, test in group_folds(groups, folds, seed=seed, n=len(x)):
         x_tr, x_te, t_tr, t_te = x[train], x[test], targets[train], targets[test]
         u = _fit_direction(x_tr, t_tr[:, 0], "pc1")  # the axis sees only the training folds
         p_tr, p_te = (x_tr - x_tr.mean(0)) @ u, (x_te - x_tr.mean(0)) @ u
-        scaler = StandardScaler().fit(x_tr)
-        z_tr, z_te = scaler.transform(x_tr), scaler.transform(x_te)
+        c_tr = c_te = None
         if covariates is not None:
             c_tr, c_te = as_float64(covariates)[train], as_float64(covariates)[test]
             t_tr, t_te = residualize(t_tr, t_te, c_tr, c_te)
             p_tr, p_te = residualize(p_tr, p_te, c_tr, c_te)
-            c_scaler = StandardScaler().fit(c_tr)
-            z_tr = np.hstack([z_tr, COVARIATE_SCALE * c_scaler.transform(c_tr)])
-            z_te = np.hstack([z_te, COVARIATE_SCALE * c_scaler.transform(c_te)])
-        ridge = RidgeCV(alphas=alphas, alpha_per_target=True).fit(z_tr, t_tr)
-        pred[test], y_out[test], axis[test] = ridge.predict(z_te).reshape(len(test), -1), t_te, p_te
-    return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=_r2(y_out[:, 1:], pred[:, 1:]))
-
-
-def _bootstrap(y: np.ndarray, pred: np.ndarray, axis: np.ndarray, n_boot: int, seed: int) -> tuple[list, list]:
-    rng = np.random.default_rng(seed)
-    r2s, rs = np.empty(n_boot), np.empty(n_boot)
-    for b in range(n_boot):
-        idx = rng.integers(0, len(y), len(y))
-        r2s[b] = _r2(y[idx], pred[idx])[0]
-        rs[b] = np.corrcoef(axis[idx], y[idx])[0, 1]
-    a = (1 - CI_LEVEL) / 2
-    return [float(np.nanquantile(r2s, a)), float(np.nanquantile(r2s, 1 - a))], \
-        [float(np.nanquantile(rs, a)), float(np.nanquantile(rs, 1 - a))]
+        ridge = RidgeBasis(x_tr, c_tr).fit(t_tr, alphas, per_target=True)
+        pred[test], y_out[test], axis[test] = ridge.predict(x_te, c_te), t_te, p_te
+    return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=r2(y_out[:, 1:], pred[:, 1:]))
 
 
 @dataclass
@@ -148,9 +125,10 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                    seed: int = 0) -> DecodingCurve:
     """Cross-fitted linear decoding of ``target`` (default the model's entropy, bits) from every collected reading
     (``resid``, ``v``, ``z``) and layer of ``acts`` (``extract.collect``), beside the PC1 axis of each; raw, and
-    deconfounded when ``covariates`` ([n, c]) are given. A reading constant across prompts (layer 0's final-token
-    value depends on that token alone) gives NaN with the reason."""
+    deconfounded when ``covariates`` ([n, c]) are given. Folds and bootstraps take whole ``acts.groups``. A reading
+    constant across prompts (layer 0's final-token value depends on that token alone) gives NaN with the reason."""
     y = as_float64(acts.entropy if target is None else target)
+    groups = acts.groups
     readings = [r for r in (readings or READINGS) if r in acts.readings]
     layers = acts.layers if layers is None else [acts.layer_index(layer) for layer in layers]
     adjusts = [("raw", None)] + ([("deconfounded", covariates)] if covariates is not None else [])
@@ -170,17 +148,18 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                     points.append(dict(point, ridge_r2=float("nan"), ridge_r2_ci=nan2, null_r2_range=nan2,
                                        axis_r=float("nan"), axis_r_ci=nan2, axis_share=float("nan"), reason=reason))
                     continue
-                fit = cross_fitted_decoding(x, y, covariates=cov, folds=folds, n_null=n_null, alphas=alphas,
-                                            seed=seed)
-                r2 = float(_r2(fit["y"], fit["ridge"])[0])
+                fit = cross_fitted_decoding(x, y, covariates=cov, groups=groups, folds=folds, n_null=n_null,
+                                            alphas=alphas, seed=seed)
+                held_r2 = float(r2(fit["y"], fit["ridge"])[0])
                 axis_r = correlations(fit["axis"], fit["y"])["pearson"]
-                r2_ci, r_ci = _bootstrap(fit["y"], fit["ridge"], fit["axis"], n_boot, seed)
+                r2_ci = interval(bootstrap_r2(fit["y"], fit["ridge"], groups, n_boot=n_boot, seed=seed))
+                r_ci = interval(bootstrap_pearson(fit["axis"], fit["y"], groups, n_boot=n_boot, seed=seed))
                 null = fit["null_r2"]
-                null_range = [float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))] if len(null) \
-                    else [float("nan")] * 2
-                decodable = r2 > max(0.0, null_range[1]) if len(null) else r2 > 0  # a ratio of noise means nothing
-                point.update(ridge_r2=r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci, null_r2_range=null_range,
-                             axis_share=float(axis_r**2 / r2) if decodable else float("nan"))
+                null_range = interval(null)
+                decodable = held_r2 > max(0.0, null_range[1]) if len(null) else held_r2 > 0  # a ratio of noise
+                point.update(ridge_r2=held_r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci,
+                             null_r2_range=null_range,
+                             axis_share=float(axis_r**2 / held_r2) if decodable else float("nan"))
                 points.append(point)
     return DecodingCurve(target=target_name, points=points, folds=folds, n=len(y),
                          meta=dict(n_null=n_null, n_boot=n_boot, seed=seed, readings=readings, layers=list(layers)))

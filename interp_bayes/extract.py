@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from .errors import NonFiniteActivationError, PromptError
 from .models import checkpoint_tokenizer, model_info, tokenizer_policy
+from .store import MANIFEST, read_json, seal, unseal
 
 LN2 = math.log(2.0)
 
@@ -62,9 +64,21 @@ class Activations:
     label_logprobs: torch.Tensor | None = None
     next_token: torch.Tensor | None = field(default=None)  # [n_prompts] argmax over the full vocabulary
     logprobs: torch.Tensor | None = field(default=None, repr=False)  # [n_prompts, vocab], only with keep_logprobs
+    # [n_prompts] the unit of independence of each prompt (a wind tunnel's sequence); None: every prompt its own.
+    # Analyses take it from here for every resampling, so a probe cannot forget it (``with_groups`` sets it).
+    groups: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def with_groups(self, groups) -> "Activations":
+        """Set ``groups`` (one label per prompt: the sequence a prefix comes from, the prompt itself in a pool) and
+        return self."""
+        g = np.asarray(groups)
+        if g.shape != (len(self),):
+            raise ValueError(f"groups need one label per prompt: got shape {g.shape} for {len(self)} prompts.")
+        self.groups = g
+        return self
 
     @property
     def layers(self) -> list[int]:
@@ -116,6 +130,7 @@ class Activations:
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        (path / MANIFEST).unlink(missing_ok=True)  # an overwritten set is incomplete until sealed again
         tensors = {f"{name}.{layer}": t.contiguous() for name, by_layer in self.readings.items() for layer, t in by_layer.items()}
         tensors["entropy"] = self.entropy
         flat = [t for ids in self.token_ids for t in ids]
@@ -125,17 +140,23 @@ class Activations:
             tensors["label_logprobs"] = self.label_logprobs
         if self.next_token is not None:
             tensors["next_token"] = self.next_token
+        if self.groups is not None:
+            tensors["groups"] = torch.as_tensor(np.unique(self.groups, return_inverse=True)[1].reshape(-1))
         atomic_write_bytes(path / "activations.safetensors", safetensors.torch.save(tensors))
         atomic_write_text(path / "activations.json", json.dumps(self.meta, indent=2))
+        seal(path, MANIFEST, {})
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "Activations":
-        from safetensors.torch import load_file
+        """Read a saved set back after checking every file against the digests ``save`` recorded (CacheError when
+        one is missing, truncated or changed)."""
+        from safetensors.torch import load
 
         path = Path(path)
-        tensors = load_file(path / "activations.safetensors")
-        meta = json.loads((path / "activations.json").read_text())
+        unseal(path, MANIFEST)
+        tensors = load((path / "activations.safetensors").read_bytes())
+        meta = read_json(path / "activations.json")
         lengths = tensors.pop("token_lengths").tolist()
         flat = tensors.pop("token_ids").tolist()
         offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
@@ -143,11 +164,13 @@ class Activations:
         entropy = tensors.pop("entropy")
         label_logprobs = tensors.pop("label_logprobs", None)
         next_token = tensors.pop("next_token", None)
+        groups = tensors.pop("groups", None)
         readings: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
         for key, t in tensors.items():
             name, layer = key.rsplit(".", 1)
             readings[name][int(layer)] = t
-        return cls(dict(readings), entropy, token_ids, meta, label_logprobs, next_token)
+        return cls(dict(readings), entropy, token_ids, meta, label_logprobs, next_token,
+                   groups=None if groups is None else groups.numpy())
 
 
 def logit_entropy_bits(logits: torch.Tensor) -> torch.Tensor:

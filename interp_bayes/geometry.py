@@ -18,12 +18,8 @@ import torch
 from scipy import stats
 
 from .errors import ConfigError
-
-CI_LEVEL = 0.95
-
-
-def as_float64(x) -> np.ndarray:
-    return x.double().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
+from .stats import CI_LEVEL, CONSTANT_RTOL, bootstrap_means  # noqa: F401 (re-exported: modules import them from here)
+from .stats import as_float64, bootstrap, interval, is_constant
 
 
 def standardise(x) -> np.ndarray:
@@ -72,41 +68,15 @@ def participation_ratio(ev: np.ndarray, top: int | None = None) -> float:
     return float(ev.sum() ** 2 / (ev**2).sum())
 
 
-def _interval(samples: np.ndarray) -> list[float]:
-    a = (1 - CI_LEVEL) / 2
-    return [float(np.quantile(samples, a)), float(np.quantile(samples, 1 - a))]
-
-
-def bootstrap_over_prompts(statistic, n: int, *, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Percentile bootstrap over the n prompts (rows) of ``statistic(indices) -> [m] numbers`` with
-    ``scipy.stats.bootstrap``: (the bootstrap distribution [n_boot, m], 95% lows [m], highs [m])."""
-    res = stats.bootstrap((np.arange(n),), lambda idx: np.atleast_1d(statistic(idx)), vectorized=False,
-                          n_resamples=n_boot, method="percentile", confidence_level=CI_LEVEL,
-                          rng=np.random.default_rng(seed))
-    dist = np.atleast_2d(res.bootstrap_distribution).T
-    return dist, np.atleast_1d(res.confidence_interval.low), np.atleast_1d(res.confidence_interval.high)
-
-
-def bootstrap_means(x, *, n_boot: int, seed: int | np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Means over the rows of ``x`` [n, ...] (the resampled unit, e.g. sequences) with a 95% percentile bootstrap:
-    (means, lows, highs), each of x's trailing shape. One vectorised draw of [n_boot, n] row indices (from ``seed``,
-    or from a generator shared with other draws), which ``bootstrap_over_prompts`` (a statistic called per
-    resample) would take far longer over."""
-    x = as_float64(x)
-    boots = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)  # [n_boot, ...]
-    a = (1 - CI_LEVEL) / 2
-    low, high = np.quantile(boots, [a, 1 - a], axis=0)
-    return x.mean(0), low, high
-
-
-def bootstrap_shares(x, *, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Bootstrap over prompts (rows) of the PC1 and PC1+PC2 shares: mean and 95% percentile interval.
+def bootstrap_shares(x, *, groups=None, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Bootstrap over prompts (rows; whole ``groups`` of rows where given, e.g. a wind tunnel's sequences) of the
+    PC1 and PC1+PC2 shares: mean and 95% percentile interval.
 
     As in Paper III's Table 1. Biased upward when prompts are fewer than coordinates: a resample repeats about a
     third of its rows, and repeated rows add spurious shared variance; ``resample_shares`` avoids that."""
     x = as_float64(x)
-    dist, low, high = bootstrap_over_prompts(lambda idx: np.array(shares(spectrum(x[idx]))), len(x), n_boot=n_boot,
-                                             seed=seed)
+    dist, low, high = bootstrap(lambda idx: np.array(shares(spectrum(x[idx]))), len(x), groups, n_boot=n_boot,
+                                seed=seed)
     return dict(pc1_mean=float(dist[:, 0].mean()), pc1_ci=[float(low[0]), float(high[0])],
                 pc12_mean=float(dist[:, 1].mean()), pc12_ci=[float(low[1]), float(high[1])], n_boot=n_boot)
 
@@ -117,8 +87,8 @@ def resample_shares(x, draws: list) -> dict:
     duplicated within a set, and duplicated rows inflate PCA shares when prompts are fewer than coordinates."""
     x = as_float64(x)
     out = np.array([shares(spectrum(x[np.asarray(idx)])) for idx in draws])
-    return dict(pc1_mean=float(out[:, 0].mean()), pc1_ci=_interval(out[:, 0]), pc12_mean=float(out[:, 1].mean()),
-                pc12_ci=_interval(out[:, 1]), n_resample=len(draws))
+    return dict(pc1_mean=float(out[:, 0].mean()), pc1_ci=interval(out[:, 0]), pc12_mean=float(out[:, 1].mean()),
+                pc12_ci=interval(out[:, 1]), n_resample=len(draws))
 
 
 def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0) -> dict:
@@ -136,18 +106,8 @@ def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0)
         raise ConfigError(f"Unknown null kind '{kind}'; choose 'permuted' or 'gaussian'.")
 
     out = np.array([shares(spectrum(draw())) for _ in range(n_draws)])
-    return dict(kind=kind, pc1_mean=float(out[:, 0].mean()), pc1_range=_interval(out[:, 0]),
-                pc12_mean=float(out[:, 1].mean()), pc12_range=_interval(out[:, 1]), n_draws=n_draws)
-
-
-CONSTANT_RTOL = 1e-9  # a spread below this fraction of the values' scale is rounding noise, not variation
-
-
-def is_constant(x, rtol: float = CONSTANT_RTOL) -> bool:
-    """True when ``x`` varies by no more than rounding noise: its range is at most ``rtol`` of its largest
-    magnitude (an exact test, ``np.ptp(x) > 0``, lets through vectors constant up to 1e-16)."""
-    x = as_float64(x)
-    return bool(np.ptp(x) <= rtol * np.abs(x).max()) if x.size else True
+    return dict(kind=kind, pc1_mean=float(out[:, 0].mean()), pc1_range=interval(out[:, 0]),
+                pc12_mean=float(out[:, 1].mean()), pc12_range=interval(out[:, 1]), n_draws=n_draws)
 
 
 def correlations(a, b) -> dict:
@@ -173,9 +133,10 @@ def manifold_summary(values, entropy) -> dict:
                 dim=int(as_float64(values).shape[1]))
 
 
-def manifold_report(values, entropy, *, bayes_entropy=None, n_boot: int = 1000, n_null: int = 200,
+def manifold_report(values, entropy, *, bayes_entropy=None, groups=None, n_boot: int = 1000, n_null: int = 200,
                     seed: int = 0) -> dict:
-    """Everything Paper III measures on one value cloud, with intervals and nulls.
+    """Everything Paper III measures on one value cloud, with intervals and nulls (the bootstrap over whole
+    ``groups`` of rows where given: a wind tunnel's sequences).
 
     PC sign is arbitrary: correlations are reported with PC1 oriented so that its Pearson r with ``entropy`` is
     non-negative, and magnitudes are what compare across models.
@@ -190,7 +151,7 @@ def manifold_report(values, entropy, *, bayes_entropy=None, n_boot: int = 1000, 
         score, corr = -score, correlations(-score, entropy)
     out = dict(
         n_prompts=int(x.shape[0]), dim=int(x.shape[1]), pc1_share=pc1, pc12_share=pc12,
-        bootstrap=bootstrap_shares(x, n_boot=n_boot, seed=seed),
+        bootstrap=bootstrap_shares(x, groups=groups, n_boot=n_boot, seed=seed),
         nulls={k: null_shares(x, k, n_draws=n_null, seed=seed) for k in ("permuted", "gaussian")},
         participation_ratio=participation_ratio(ev), participation_ratio_top10=participation_ratio(ev, 10),
         pc1_vs_entropy=corr, pc1_score=score.tolist(),
@@ -226,12 +187,14 @@ def key_orthogonality_null(d_model: int, d_head: int, *, n_draws: int = 200, see
     large-d value sqrt(2 / (pi d_model)) (the right dimension for column cosines in R^d_model)."""
     rng = np.random.default_rng(seed)
     draws = mean_abs_offdiag_cos(rng.standard_normal((n_draws, d_model, d_head)))
-    return dict(mean=float(draws.mean()), range=_interval(draws), analytic=math.sqrt(2 / (math.pi * d_model)))
+    return dict(mean=float(draws.mean()), range=interval(draws), analytic=math.sqrt(2 / (math.pi * d_model)))
 
 
-def attention_focusing(attn_entropy: dict[int, torch.Tensor], *, n_boot: int = 1000, seed: int = 0) -> dict:
+def attention_focusing(attn_entropy: dict[int, torch.Tensor], *, groups=None, n_boot: int = 1000,
+                       seed: int = 0) -> dict:
     """Per-layer attention entropy of the final query (bits), averaged over heads after taking entropies, then
-    over prompts, with bootstrap intervals over prompts; and the reduction from the first to the last layer."""
+    over prompts, with bootstrap intervals over prompts (whole ``groups`` of them where given); and the reduction
+    from the first to the last layer."""
     layers = sorted(attn_entropy)
     per_prompt = np.stack([as_float64(attn_entropy[layer]).mean(axis=1) for layer in layers])  # [layers, n]
     mean = per_prompt.mean(axis=1)
@@ -240,7 +203,7 @@ def attention_focusing(attn_entropy: dict[int, torch.Tensor], *, n_boot: int = 1
         m = per_prompt[:, idx].mean(axis=1)
         return np.append(m, (m[0] - m[-1]) / m[0])
 
-    _, low, high = bootstrap_over_prompts(stat, per_prompt.shape[1], n_boot=n_boot, seed=seed)
+    _, low, high = bootstrap(stat, per_prompt.shape[1], groups, n_boot=n_boot, seed=seed)
     return dict(layers=layers, mean_entropy=mean.tolist(),
                 ci=[[float(a), float(b)] for a, b in zip(low[:-1], high[:-1])],
                 reduction=float((mean[0] - mean[-1]) / mean[0]), reduction_ci=[float(low[-1]), float(high[-1])],

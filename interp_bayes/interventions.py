@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from .errors import InterventionError
-from .geometry import as_float64, bootstrap_over_prompts, pca
+from .geometry import as_float64, pca
+from .stats import bootstrap, interval, percentile_of
 from .prefix import HOOK_V, EditedRun, edited_runs
 
 SITES = {"v": HOOK_V,  # [batch, pos, n_kv_heads, d_head]
@@ -500,7 +501,7 @@ def summarize(result: InterventionResult, task: dict, *,
               n_boot: int = 1000, seed: int = 0) -> list[dict]:
     """Per (layer set, op, metric): the true axis' effect (value minus baseline; KL as is), the control families'
     effects (mean and 95% range), the true effect's percentile within each family, and for the MAE a bootstrap
-    interval over prompts."""
+    interval over prompts (over whole ``task["groups"]`` where given: a wind tunnel's sequences)."""
     import pandas as pd
 
     df = pd.DataFrame(result.rows)
@@ -527,13 +528,14 @@ def summarize(result: InterventionResult, task: dict, *,
             for fam, g in group[group.kind != "true"].groupby("kind"):
                 eff = g[metric].to_numpy() - ref
                 entry[f"{fam}_mean"] = float(np.nanmean(eff))
-                entry[f"{fam}_range"] = [float(np.nanquantile(eff, 0.025)), float(np.nanquantile(eff, 0.975))]
-                entry[f"{fam}_percentile"] = float(np.mean(eff <= entry["true_effect"]))
+                entry[f"{fam}_range"] = interval(eff)
+                entry[f"{fam}_percentile"] = percentile_of(entry["true_effect"], eff)
                 entry[f"{fam}_n"] = int(len(eff))
             if metric == "mae_k_ge_1":
                 h = result.true_entropy[(layer_set, op)]
                 err = np.abs(h[pos] - bayes[pos]) - np.abs(base_h[pos] - bayes[pos])  # per prompt, paired
-                _, low, high = bootstrap_over_prompts(lambda idx: err[idx].mean(), len(pos), n_boot=n_boot, seed=seed)
+                groups = None if task.get("groups") is None else np.asarray(task["groups"])[pos]
+                _, low, high = bootstrap(lambda idx: err[idx].mean(), len(pos), groups, n_boot=n_boot, seed=seed)
                 entry["true_effect_ci"] = [float(low[0]), float(high[0])]
             out.append(entry)
     return out

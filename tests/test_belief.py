@@ -9,17 +9,8 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from interp_bayes.belief import (
-    ALPHAS,
-    belief_probe,
-    bootstrap_r2,
-    cross_fitted_ridge,
-    fit_ridge,
-    pooled_r2,
-    query_readings,
-    simplex_belief,
-    windtunnel_belief_probes,
-)
+from interp_bayes.belief import belief_probe, query_readings, simplex_belief, windtunnel_belief_probes
+from interp_bayes.stats import ALPHAS, bootstrap_r2, cross_fitted_ridge, fit_ridge, r2
 from interp_bayes.errors import ConfigError
 from interp_bayes.models import load_model
 from interp_bayes.windtunnel.configs import build_transformer, make_config, make_task
@@ -39,7 +30,7 @@ def test_ridge_equals_sklearn_at_the_chosen_penalty():
     x, y = linear_data()
     fit = fit_ridge(x, y)
     z = (x - x.mean(0)) / x.std(0)
-    ref = Ridge(alpha=fit.alpha).fit(z, y)
+    ref = Ridge(alpha=fit.alpha[0]).fit(z, y)  # one penalty for the whole posterior vector
     np.testing.assert_allclose(fit.predict(x), ref.predict(z), atol=1e-10)
 
 
@@ -53,13 +44,13 @@ def test_leave_one_out_error_matches_refitting_without_each_row():
         keep = np.arange(len(x)) != i
         ref = Ridge(alpha=alpha).fit(z[keep], y[keep])
         errs.append(((ref.predict(z[i : i + 1]) - y[i]) ** 2).mean())
-    assert fit.loo_mse == pytest.approx(np.mean(errs), rel=1e-10)
+    assert fit.loo_mse.mean() == pytest.approx(np.mean(errs), rel=1e-10)  # per column, pooled over the columns
 
 
 def test_penalty_follows_the_noise():
     x, y = linear_data(noise=0.01)
     _, y_noisy = linear_data(noise=30.0)
-    assert fit_ridge(x, y).alpha < fit_ridge(x, y_noisy).alpha
+    assert fit_ridge(x, y).alpha[0] < fit_ridge(x, y_noisy).alpha[0]
 
 
 def test_cross_fitting_keeps_each_sequence_in_one_fold():
@@ -72,7 +63,7 @@ def test_cross_fitting_keeps_each_sequence_in_one_fold():
     x = np.eye(seqs)[groups] + 1e-3 * rng.normal(size=(seqs * per, seqs))
     grouped = cross_fitted_ridge(x, [y], groups)[0]
     rows = cross_fitted_ridge(x, [y], np.arange(len(y)))[0]
-    assert pooled_r2(y, grouped) < 0.05 < 0.9 < pooled_r2(y, rows)
+    assert r2(y, grouped, pooled=True) < 0.05 < 0.9 < r2(y, rows, pooled=True)
 
 
 def test_bootstrap_r2_equals_resampling_rows_of_whole_groups():
@@ -83,7 +74,7 @@ def test_bootstrap_r2_equals_resampling_rows_of_whole_groups():
     rng = np.random.default_rng(7)
     for value in got:
         rows = np.concatenate([np.flatnonzero(group == g) for g in rng.integers(0, 30, 30)])
-        assert value == pytest.approx(pooled_r2(y[rows], y_hat[rows]), rel=1e-12)
+        assert value == pytest.approx(r2(y[rows], y_hat[rows], pooled=True), rel=1e-12)
 
 
 def test_probe_recovers_a_linear_belief_and_the_null_does_not():
@@ -135,6 +126,10 @@ def test_query_readings_are_the_cache_at_the_query_positions(tiny_hmm):
             torch.testing.assert_close(got[reading][layer], want, atol=1e-5, rtol=0)
     with pytest.raises(ConfigError, match="attn_entropy"):
         query_readings(model, batch, readings=("attn_entropy",))
+    n = model.cfg.n_layers
+    assert list(query_readings(model, batch, layers=[-1])["resid"]) == [n - 1]  # negative layers count from the end
+    with pytest.raises(ConfigError, match="out of range"):  # refused, not wrapped around to layer n % n_layers
+        query_readings(model, batch, layers=[n])
 
 
 def test_windtunnel_probes_give_every_control(tiny_hmm):

@@ -350,16 +350,16 @@ def test_rival_probes_on_the_wind_tunnels(tiny_dirs, tmp_path):
     what the query position alone determines (the bijection's exact entropy) as inseparable / NaN with the reason."""
     probes = write_probes(tmp_path / "p", {
         "neurons_wt.yaml": dict(kind="entropy_neurons", task="bijection-cpu", n_sequences=4, top_n=2, n_random=2,
-                                n_boot=20, n_random_directions=10, n_perm=20),
+                                n_boot=20, n_random_directions=10, n_perm=100),  # two-sided p reaches < 0.05
         "dec_wt.yaml": dict(kind="decoding", task="bijection-cpu", layers="all", readings=["resid", "v"],
-                            n_sequences=4, n_null=2, n_boot=20),
-        "dec_hmm.yaml": dict(kind="decoding", task="hmm-cpu", layers="all", readings=["v"], n_sequences=4, n_null=2,
-                             n_boot=20)})
+                            n_sequences=4, folds=4, n_null=2, n_boot=20),  # folds of whole sequences: at most 4
+        "dec_hmm.yaml": dict(kind="decoding", task="hmm-cpu", layers="all", readings=["v"], n_sequences=4, folds=4,
+                             n_null=2, n_boot=20)})
     run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), quiet=True,
                                 probes=probes))
     rows = run.rows
     assert not (run.folder / "model.json").exists()  # the sweep's own model was never loaded
-    assert find(rows, "null_space_chance_rho").value == pytest.approx(44 / 63)  # 20 hypotheses: kernel 63 - 19
+    assert find(rows, "null_space_chance_rho").value == pytest.approx(math.sqrt(44 / 63))  # kernel 63 - 19
     total, direct, mediated = (find(rows, f"ablation_{e}_label", rank=1) for e in ("total", "direct", "mediated"))
     assert total.value == pytest.approx(direct.value + mediated.value, abs=1e-12) and total.n == 4 * 20
     assert {r.scope["target"] for r in select(rows, "corr_final_scale")} == {"label_entropy", "bayes_entropy"}

@@ -6,7 +6,7 @@ import torch
 from scipy.linalg import hadamard
 
 from interp_bayes.axis import cross_fitted_projections, fit_entropy_axis
-from interp_bayes.confounds import (covariate_matrix, deconfounded_correlation, length_strata, nuisance_columns,
+from interp_bayes.confounds import (covariate_matrix, deconfounded_correlation, fine_strata, nuisance_columns,
                                     residualize, select_covariates)
 from interp_bayes.errors import ConfigError
 from interp_bayes.extract import Activations
@@ -102,9 +102,9 @@ def test_cross_fitted_residualisation_does_not_leak():
     x, y, pos, _, _ = planted(n_per=12)
     cov = covariate_matrix({"position": pos})
     out, target, _ = cross_fitted_projections(x, y, "pc1", folds=4, seed=0, control=cov)
-    from sklearn.model_selection import KFold
+    from interp_bayes.stats import group_folds
 
-    _, part = next(iter(KFold(n_splits=4, shuffle=True, random_state=0).split(x)))
+    _, part = group_folds(None, 4, seed=0, n=len(x))[0]
     x2, y2 = x.copy(), y.copy()
     x2[part[0]] += 50.0 * np.random.default_rng(9).standard_normal(x.shape[1])
     y2[part[0]] += 10.0
@@ -116,12 +116,22 @@ def test_cross_fitted_residualisation_does_not_leak():
     assert np.abs(train.mean(axis=0)).max() < 1e-9 and test.shape == (10, x.shape[1])
 
 
-def test_covariates_drop_duplicates_and_constants_and_length_strata_are_quantiles():
-    lengths = np.array([5, 6, 7, 8, 9, 10])
-    cols = nuisance_columns(lengths, k=np.array([0, 1, 2, 4, 8, 8]), extra={"position": lengths - 1.0})
-    assert covariate_matrix(cols).shape == (6, 3)  # position duplicates length; k and log_k stay
+def test_covariates_remove_any_function_of_k_and_a_smooth_function_of_length_and_strata_are_fine():
+    rng = np.random.default_rng(0)
+    k = np.repeat([0, 1, 2, 4, 8], 40).astype(float)
+    lengths = 5 + 3 * k + rng.integers(0, 25, len(k))
+    cols = nuisance_columns(lengths, k=k)
+    design = covariate_matrix(cols)
+    levels = covariate_matrix({"k": k, "log_k": np.log1p(k)})
+    assert levels.shape == (200, 5)  # one indicator per k; log k's indicators are the same columns, dropped
     assert covariate_matrix({"c": np.ones(6)}).shape == (6, 0)
-    assert list(length_strata(np.arange(10), n_bins=5)) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    step = (k == 0).astype(float) + 0.3 * np.sqrt(k)  # no linear combination of k and log(1 + k) gives this
+    assert np.abs(residualize(step, cov_train=design)).max() < 1e-10
+    smooth = np.sqrt(lengths)
+    linear = np.column_stack([lengths, k, np.log1p(k)])
+    assert np.std(residualize(smooth, cov_train=design)) < 0.02 * np.std(residualize(smooth, cov_train=linear))
+    assert list(fine_strata(np.arange(10), size=3)) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]  # a short last run joins
+    assert list(fine_strata([1, 1, 1, 1, 2, 3, 3], size=3)) == [0, 0, 0, 0, 1, 1, 1]  # ties stay together
 
 
 def test_an_entropy_that_is_a_function_of_position_is_inseparable():
@@ -142,9 +152,9 @@ def test_an_entropy_that_is_a_function_of_position_is_inseparable():
 def test_a_misspelled_covariate_is_refused_not_dropped():
     from interp_bayes.kinds.common import nuisance_matrix
 
-    cov, names = nuisance_matrix([5, 6, 7], [0, 1, 2], ("length", "k"), k_levels=True)
-    columns = nuisance_columns([5, 6, 7], k=[0, 1, 2], k_levels=True)
-    np.testing.assert_array_equal(cov, select_covariates(columns, ["length", "k", "k=0", "k=1", "k=2"]))
-    assert names == ("length", "k", "one indicator per k")
+    cov, names = nuisance_matrix([5, 6, 7], [0, 1, 2], ("length", "k"))
+    columns = nuisance_columns([5, 6, 7], k=[0, 1, 2])
+    np.testing.assert_array_equal(cov, select_covariates(columns, ["length", "k"]))
+    assert names == ("length", "k")
     with pytest.raises(ConfigError, match="lenght"):
         nuisance_matrix([5, 6, 7], [0, 1, 2], ("lenght", "k"))

@@ -25,6 +25,7 @@ def test_cross_fitted_ridge_equals_sklearn_cross_val_predict():
     x = rng.normal(size=(120, 30))
     y = x[:, :4] @ rng.normal(size=4) + rng.normal(size=120)
     fit = cross_fitted_decoding(x, y, folds=5, n_null=3, seed=7)
+    # rows that are their own groups: sklearn's GroupKFold makes the folds KFold makes
     ref = cross_val_predict(make_pipeline(StandardScaler(), RidgeCV(alphas=ALPHAS)), x, y,
                             cv=KFold(5, shuffle=True, random_state=7))
     np.testing.assert_allclose(fit["ridge"], ref, rtol=1e-8, atol=1e-10)
@@ -104,8 +105,8 @@ def test_a_target_that_is_a_function_of_the_covariates_has_nothing_left_to_decod
     x = rng.normal(size=(len(k), 8))
     x[:, 0] = np.log2(21 - k)  # the bijection's exact entropy: a function of position, hence of k
     y = np.log2(21 - k)
-    linear = covariate_matrix(nuisance_columns(2 * k - 1, k=k))  # position, length, k, log(1 + k): a nonlinear remainder is left
-    levels = covariate_matrix(nuisance_columns(2 * k - 1, k=k, k_levels=True))  # one indicator per k: nothing is left
+    linear = np.column_stack([2 * k - 1, k, np.log1p(k)])  # linear terms (the old design): a nonlinear remainder is left
+    levels = covariate_matrix(nuisance_columns(2 * k - 1, k=k))  # one indicator per k: nothing is left
     lin = {p["adjust"]: p for p in decoding_curve(fake_acts({1: x}, y), covariates=linear, n_null=2, n_boot=20).points}
     lev = {p["adjust"]: p for p in decoding_curve(fake_acts({1: x}, y), covariates=levels, n_null=2, n_boot=20).points}
     assert lin["deconfounded"]["ridge_r2"] > 0.9  # the reading carries the remainder: linear removal is not enough

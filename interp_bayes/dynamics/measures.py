@@ -23,14 +23,16 @@ def pc1_share(x: torch.Tensor) -> float:
 
 
 def cv_r2(features: torch.Tensor, target: torch.Tensor, seed: int = 0, folds: int = 5) -> float:
-    """Out-of-sample R^2 of a linear fit of ``target`` from ``features`` (k-fold, float64)."""
+    """Out-of-sample R^2 (``stats.r2``: NaN for a constant target) of a linear fit of ``target`` from ``features``
+    (``stats.group_folds``, every row its own group; float64)."""
     from sklearn.linear_model import LinearRegression
-    from sklearn.model_selection import KFold, cross_val_predict
+    from sklearn.model_selection import cross_val_predict
+
+    from interp_bayes.stats import group_folds, r2
 
     xf, yf = features.double().numpy(), target.double().numpy()
-    pred = cross_val_predict(LinearRegression(), xf, yf, cv=KFold(folds, shuffle=True, random_state=seed))
-    ss = float(((yf - yf.mean()) ** 2).sum())
-    return 1.0 - float(((yf - pred) ** 2).sum()) / ss if ss > 0 else 0.0
+    pred = cross_val_predict(LinearRegression(), xf, yf, cv=group_folds(None, folds, seed=seed, n=len(yf)))
+    return float(r2(yf, pred)[0])
 
 
 def _log_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:

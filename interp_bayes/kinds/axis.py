@@ -42,7 +42,7 @@ def run(ctx, p: AxisParams) -> Result:
         for method in p.methods:
             for kind in ("unconditional", "conditional") if p.conditional else ("unconditional",):
                 axis = fit_entropy_axis(acts, layer, method, folds=p.folds, seed=ctx.config.seed,
-                                        control=control if kind == "conditional" else None)
+                                        control=control if kind == "conditional" else None, strata=k)
                 axis.save(ctx.probe_folder / "axes" / f"{method}-{kind}-L{layer}")
                 scope = dict(layer=layer, method=method, axis=kind)
                 for fit, corr in (("in-sample", axis.in_sample), ("held-out", axis.held_out)):
@@ -56,6 +56,8 @@ def run(ctx, p: AxisParams) -> Result:
                              dict(scope, target="bayes latent", fit="in-sample"), n=n, note=bayes.get("reason"))
                          for stat in ("pearson", "spearman")]
                 rows.append(Row("sigma", axis.sigma, "value units", dict(scope), n=n))
+                rows.append(Row("axis_residual_confounding", axis.residual_confounding, "share", dict(scope), n=n,
+                                note="share of the projection's variance between values of k"))
                 if axis.held_out is None:
                     continue
                 held = np.array(axis.held_out["projections"])  # each prompt on an axis fitted without it
@@ -146,7 +148,8 @@ def _deconfounded_figure(p) -> Figure:
     return Figure(f"axis-deconfounded-{p.name}", "Entropy axis: raw vs within k", layout(
         fig, f"Does the {method} axis track uncertainty beyond k? Raw and within-k correlation with Bayes entropy"),
         "A raw curve far from zero whose within-k curve sits inside the grey null tracks k (the number of examples), "
-        "not the posterior; the conditional axis is fitted on what k, log k and length leave over.")
+        "not the posterior; the conditional axis is fitted on what k (one indicator per value) and length (a spline) "
+        "leave over.")
 
 
 KIND = register(Kind("axis", AxisParams, run, summary, figures, plan, doc=__doc__))

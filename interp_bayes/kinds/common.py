@@ -3,10 +3,13 @@ report."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
+from ..errors import CacheError
 from ..results import Row, find
-from ..store import read_json, write_json
+from ..store import read_json, warn, write_json
 
 SULA_LAYERS = "spread5"  # the in-context probes read five evenly spaced layers ending at the last
 
@@ -18,7 +21,7 @@ def pool(ctx, source):
     spec = source if source is not None else ctx.config.prompts
     ds = load_source(spec)
     acts = ctx.activations(f"pool-{source_label(spec)}", list(ds["text"]), layers=ctx.layers(None), readings=("v",))
-    return acts, ds
+    return acts.with_groups(np.arange(len(acts))), ds  # the prompts of a pool are its independent units
 
 
 def sula_task(ctx, per_k: int):
@@ -27,12 +30,22 @@ def sula_task(ctx, per_k: int):
     from ..tasks.icl import SULATask
 
     path = ctx.folder / "sula_task.json"
-    saved = read_json(path) if path.exists() else {}
-    if "fixed_carriers" not in saved:  # (run folders from before the fixed_k condition lack it)
-        words = SULATask.for_tokenizer(ctx.tokenizer)
-        saved = dict(labels=words.labels, remap_labels=words.remap_labels, fixed_carriers=words.fixed_carriers,
-                     ids={c: words.label_token_ids(ctx.tokenizer, c) for c in ("main", "remap")})
-        write_json(path, saved)
+    words = SULATask.for_tokenizer(ctx.tokenizer)
+    chosen = dict(labels=list(words.labels), remap_labels=list(words.remap_labels),
+                  fixed_carriers=list(words.fixed_carriers),
+                  ids={c: words.label_token_ids(ctx.tokenizer, c) for c in ("main", "remap")})
+    try:
+        saved = read_json(path) if path.exists() else None
+    except CacheError as err:
+        warn(f"{str(err).rstrip('.')}; choosing the label words again.")
+        saved = None
+    if saved is not None and saved != json.loads(json.dumps(chosen)):
+        warn(f"{path} does not hold the label words this tokenizer gives; using the tokenizer's.")
+        saved = None
+    if saved is None:
+        saved = chosen
+        if not ctx.dry_run:  # a plan writes nothing
+            write_json(path, saved)
     task = SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=per_k,
                     fixed_carriers=tuple(saved["fixed_carriers"]))
     return task, saved["ids"]
@@ -53,7 +66,20 @@ def sula(ctx, condition: str, per_k: int, seed: int, layers):
     req = sula_request(ctx, condition, per_k, seed, layers)
     acts = ctx.activations(req["label"], req["prompts"], layers=req["layers"], readings=("v",),
                            label_tokens=req["label_tokens"])
-    return acts, req["cols"]
+    return acts.with_groups(sula_groups(req["cols"])), req["cols"]
+
+
+def sula_groups(cols: dict) -> np.ndarray:
+    """The unit of independence of SULA prompts: each prompt (its examples, carriers and query are drawn afresh
+    for every prompt; no header is shared)."""
+    return np.arange(len(cols["text"]))
+
+
+def groups_of(acts, sel=None):
+    """``acts.groups`` (None: independent prompts), restricted to the rows ``sel`` where given."""
+    if acts.groups is None:
+        return None
+    return np.asarray(acts.groups) if sel is None else np.asarray(acts.groups)[sel]
 
 
 def plan_sula(ctx, probe: str, conditions, per_k: int, seed: int, layers) -> list:
@@ -66,22 +92,18 @@ def plan_sula(ctx, probe: str, conditions, per_k: int, seed: int, layers) -> lis
     return out
 
 
-def nuisance_matrix(lengths, k, names, *, k_levels: bool = False) -> tuple[np.ndarray, tuple[str, ...]]:
-    """The covariate matrix of a probe's declared covariates (names among ``confounds.nuisance_columns``'s: length,
-    k, log_k) and, with ``k_levels``, one indicator per k (which removes every function of k); and their names."""
+def nuisance_matrix(lengths, k, names) -> tuple[np.ndarray, tuple[str, ...]]:
+    """The covariate design of a probe's declared covariates (names among ``confounds.nuisance_columns``'s: length,
+    k, log_k; k enters as one indicator per value, which removes every function of k, length as a spline basis) and
+    their names."""
     from ..confounds import nuisance_columns, select_covariates
 
-    columns = nuisance_columns(lengths, k=k, k_levels=k_levels)
-    levels = [c for c in columns if k_levels and c.startswith("k=")]
-    return (select_covariates(columns, [*names, *levels]),  # an unknown name is refused, not dropped
-            tuple(names) + (("one indicator per k",) if k_levels else ()))
+    return select_covariates(nuisance_columns(lengths, k=k), names), tuple(names)  # an unknown name is refused
 
 
 def recipe_nuisances(p, lengths, k) -> tuple[np.ndarray, tuple[str, ...]]:
-    """``nuisance_matrix`` of a recipe's ``covariates`` and ``k_levels`` (None: the indicators on a wind tunnel,
-    off on SULA)."""
-    k_levels = p.task != "sula" if p.k_levels is None else p.k_levels
-    return nuisance_matrix(lengths, k, p.covariates, k_levels=k_levels)
+    """``nuisance_matrix`` of a recipe's ``covariates``."""
+    return nuisance_matrix(lengths, k, p.covariates)
 
 
 def deconfounded(x, y, columns: dict, covariates, strata, strata_name: str, *, n_perm: int, seed: int,

@@ -5,33 +5,33 @@ correlation at the same layer: how much of the decodable uncertainty one directi
 
 On SULA (``task: sula``) with the sweep's model; on a wind tunnel (``task: <checkpoint>``) with that checkpoint on
 its query prefixes (``windtunnel_prompts``), the layers resolved against its own depth, the entropy over its
-hypotheses, the exact posterior's entropy as the Bayes target and, by default, one indicator per query position among
-the covariates (the bijection's exact entropy is a function of position: its deconfounded R² is NaN, with that
-reason)."""
+hypotheses, the exact posterior's entropy as the Bayes target, folds and bootstraps of whole sequences (a sequence's
+prefixes are not independent), and one indicator per query position among the covariates (the bijection's exact
+entropy is a function of position: its deconfounded R² is NaN, with that reason)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from ..results import Row, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import recipe_nuisances, sula
+from .common import recipe_nuisances, sula, sula_groups
 
 
 @dataclass(frozen=True)
 class DecodingParams(Params):
     task: str = "sula"  # "sula" (the sweep's model), or a wind-tunnel checkpoint (packaged name or folder)
     layers: tuple[int, ...] | str = "spread5"  # layers decoded from
-    readings: tuple[str, ...] = ("resid", "v", "z")
+    readings: tuple[Literal["resid", "v", "z", "attn_entropy"], ...] = ("resid", "v", "z")
     per_k: int = 50  # SULA: prompts per k
     n_sequences: int = 40  # wind tunnel: sequences whose query prefixes are the prompts
     seed: int = 42
-    covariates: tuple[str, ...] = ("length", "k", "log_k")
-    k_levels: bool | None = None  # also one indicator per k (removes every function of k); None: on a wind tunnel
+    covariates: tuple[str, ...] = ("length", "k", "log_k")  # k: one indicator per value; length: a spline basis
     folds: int = 5
     n_null: int = 20  # shuffled-target decoders of the null
     n_boot: int = 1000
@@ -47,7 +47,7 @@ def run(ctx, p: DecodingParams) -> Result:
         layers = ctx.layers(p.layers)
         acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
         readings = ctx.activations("sula-main-readings", cols["text"], layers=layers, readings=p.readings,
-                                   label_tokens=acts.meta["label_tokens"])
+                                   label_tokens=acts.meta["label_tokens"]).with_groups(sula_groups(cols))
     else:
         from .windtunnel import windtunnel_set
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..results import Row, find, select
 from . import register
 from .base import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, deconfounded, deconfounded_text, manifold_rows, pct, plan_sula, sula
+from .common import SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows, pct, plan_sula, sula
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
@@ -27,7 +27,8 @@ class ICLParams(Params):
     layers: tuple[int, ...] | str = SULA_LAYERS  # layers collected (shared with the axis and interventions probes)
     n_boot: int = 1000
     n_null: int = 200
-    covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisance covariates of the deconfounded correlations
+    covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded correlations (k: one
+    #                                                           indicator per value; length: a spline basis)
     n_perm: int = 1000  # draws of the within-k permutation null
 
 
@@ -76,7 +77,7 @@ def run(ctx, p: ICLParams) -> Result:
         for subset, keep in SUBSETS if condition == "main" else SUBSETS[:1]:
             sel = keep(k)
             rep = manifold_report(v[sel], acts.entropy[sel], bayes_entropy=np.array(cols["bayes_entropy"])[sel],
-                                  n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
+                                  groups=groups_of(acts, sel), n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
             scope = dict(condition=condition, subset=subset, layer=layer)
             rows += manifold_rows(rep, scope, entropy_label="entropy")
             for target, y in [("model entropy", acts.entropy.numpy())] + [(f"bayes {t}", cols[c]) for t, c in TARGETS]:

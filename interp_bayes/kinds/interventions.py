@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -20,12 +21,26 @@ MIN_DRAWS = 10  # below this many control draws a percentile takes too few value
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")
 MEASURE_LABELS = dict(mae_k_ge_1="Δ entropy MAE vs Bayes, k≥1 (bits)", corr_bayes="Δ r(model H, Bayes H), k≥1",
                       kl_bits="KL(edited ‖ unperturbed) (bits)", geom_downstream="Δ r(v·u, model H) at later layers")
+
+
+def measure_unit(metric: str) -> str:
+    """The unit of an intervention measure and of its change: bits for an entropy MAE or a KL divergence, a
+    fraction for label accuracy, Pearson r for a correlation (corr_*, and geom_*: r(v·u, model H) at a layer)."""
+    if metric.startswith(("mae", "kl")):
+        return "bits"
+    if metric == "accuracy":
+        return "fraction"
+    if metric.startswith(("corr", "geom")):
+        return "r"
+    raise ConfigError(f"No unit is known for the intervention measure {metric!r}; add it to measure_unit.")
+
+
 FAMILY_COLOURS = dict(true="#c0392b", isotropic="#7f8c8d", matched="#2e86c1", pcs="#27ae60")
 
 
 @dataclass(frozen=True)
 class InterventionsParams(Params):
-    method: str = "pc1"  # axis fit: pc1 or ridge
+    method: Literal["pc1", "ridge"] = "pc1"  # axis fit
     fit: str = "cross"  # "cross": fit on one half of the prompts, evaluate on the other; "in_sample": the paper's
     layer_sets: tuple = ("middle", "spread5")  # each a layer spec ("middle", "spread5") or a list of layers
     ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
@@ -89,6 +104,8 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
                                      metric="corr_eval_projection", scope=dict(layer=layer, target=target,
                                                                                condition="baseline"))
     task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
+    if acts.groups is not None:  # the MAE's bootstrap resamples whole groups (a wind tunnel's sequences)
+        task["groups"] = np.asarray(acts.groups)[ev]
     t = time.perf_counter()
     res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
                             {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
@@ -97,22 +114,22 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
                             progress=not ctx.config.quiet)
     seconds = time.perf_counter() - t
     n = len(eval_idx)
-    rows = [Row(measure, value, "bits" if "mae" in measure else "r", dict(condition="baseline"), n=n)
+    rows = [Row(measure, value, measure_unit(measure), dict(condition="baseline"), n=n)
             for measure, value in res.baseline.items() if measure != "entropy"]
     for s in summarize(res, task, metrics=MEASURES, seed=ctx.config.seed):
         scope = dict(layer_set=s["layer_set"], op=s["op"], measure=s["metric"])
         matched_n = s.get("matched_n", 0)
         null = (s["matched_range"], f"matched controls ({matched_n} draws)") if matched_n >= MIN_DRAWS else (None, None)
         ci = s.get("true_effect_ci") or [None, None]
-        rows.append(Row("effect", s["true_effect"], "bits" if "mae" in s["metric"] or "kl" in s["metric"] else "r",
-                        dict(scope, family="true"), ci[0], ci[1], "bootstrap 95%" if ci[0] is not None else None,
+        unit = measure_unit(s["metric"])  # every effect row of this measure, true axis and controls alike
+        rows.append(Row("effect", s["true_effect"], unit, dict(scope, family="true"), ci[0], ci[1], "bootstrap 95%" if ci[0] is not None else None,
                         *(null[0] or [None, None]), null[1], n=n, note=f"baseline {s['baseline']:.4g}"))
         for fam in p.controls:
             if f"{fam}_mean" not in s:
                 continue
             k = s[f"{fam}_n"]
             rng = s[f"{fam}_range"] if k >= MIN_DRAWS else [None, None]
-            rows.append(Row("effect", s[f"{fam}_mean"], rows[-1].unit, dict(scope, family=fam), *rng,
+            rows.append(Row("effect", s[f"{fam}_mean"], unit, dict(scope, family=fam), *rng,
                             "controls 95%" if k >= MIN_DRAWS else None, n=k,
                             note=None if k >= MIN_DRAWS else f"too few draws for a range ({k})"))
             rows.append(Row("percentile_of_true", s[f"{fam}_percentile"], "fraction", dict(scope, family=fam), n=k,

@@ -19,11 +19,12 @@ class KeysParams(Params):
 
 def run(ctx, p: KeysParams) -> Result:
     from ..geometry import key_orthogonality, key_orthogonality_null
+    from ..stats import interval
 
     model = ctx.model
     scores = key_orthogonality(model)  # [layers, kv heads]
     null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, n_draws=p.n_null, seed=ctx.config.seed)
-    band = [float(np.quantile(scores, 0.1)), float(np.quantile(scores, 0.9))]
+    band = interval(scores, level=0.8)  # the central 80% of heads
     n_heads = scores.shape[1]
     rows = [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
                 float(scores[layer].max()), "range over KV heads", null["range"][0], null["range"][1],

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..results import Row, find, select
 from .base import Figure, Kind, Line, Params, Result
-from .common import deconfounded, deconfounded_text, last_layer, manifold_rows, pool, share_text
+from .common import deconfounded, deconfounded_text, groups_of, last_layer, manifold_rows, pool, share_text
 from . import register
 
 DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
@@ -26,8 +26,10 @@ class ManifoldParams(Params):
     n_boot: int = 1000  # bootstrap resamples (the paper's interval, biased upward when n < d)
     n_null: int = 200  # draws of each null
     n_resample: int = 200  # fresh stratified draws from the pool: the interval shown
-    covariates: tuple[str, ...] = ("length",)  # nuisance covariates of the deconfounded PC1-entropy correlation
-    length_bins: int = 5  # strata of the within-stratum correlation: quantile bins of prompt length
+    covariates: tuple[str, ...] = ("length",)  # nuisances of the deconfounded PC1-entropy correlation (a spline)
+    # prompts per stratum of the within-stratum correlation, by length (ties kept together): fine enough that a
+    # strong length confound barely varies within one (5 quantile bins left a false-positive rate of 25-65%)
+    stratum_size: int = 3
     n_perm: int = 1000  # draws of the within-stratum permutation null
 
 
@@ -50,7 +52,7 @@ def run(ctx, p: ManifoldParams) -> Result:
         return pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.per_bin, n_bins=p.n_bins,
                                           seed=seed)]
 
-    from ..confounds import length_strata, nuisance_columns
+    from ..confounds import fine_strata, nuisance_columns
 
     chosen = draw(ctx.config.seed)
     redraws = [draw(ctx.config.seed + 1 + r) for r in range(p.n_resample)]
@@ -59,11 +61,12 @@ def run(ctx, p: ManifoldParams) -> Result:
     rows, layers = [], {}
     for layer in acts.layers:
         x = acts.values(layer)[chosen]
-        rep = manifold_report(x, acts.entropy[chosen], n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
+        rep = manifold_report(x, acts.entropy[chosen], groups=groups_of(acts, chosen), n_boot=p.n_boot,
+                              n_null=p.n_null, seed=ctx.config.seed)
         rep["resample"] = resample_shares(acts.values(layer), redraws)
         rows += manifold_rows(rep, dict(layer=layer))
         rows += deconfounded(rep["pc1_score"], acts.entropy[chosen], columns, p.covariates,
-                             length_strata(lengths, p.length_bins), "length bin", n_perm=p.n_perm,
+                             fine_strata(lengths, p.stratum_size), "length", n_perm=p.n_perm,
                              seed=ctx.config.seed, metric="corr_pc1", scope=dict(layer=layer, target="entropy"))
         ratios, _, scores = pca(x)
         sign = 1.0 if np.dot(scores[:, 0], rep["pc1_score"]) >= 0 else -1.0  # PC1 oriented with entropy

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class WindtunnelParams(Params):
     folds: int = 5
     n_boot: int = 1000
     n_null: int = 200
-    method: str = "pc1"
+    method: Literal["pc1", "ridge"] = "pc1"
     fit: str = "cross"
     layer_sets: tuple = ((-1,),)
     ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
@@ -102,6 +102,7 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
     idx = resolve_layers(layers, model.cfg.n_layers, ctx.config.layers)
     acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=model_identity(folder),
                            layers=idx, readings=readings, label_tokens=task.hypothesis_ids)
+    acts.with_groups(cols["sequence"])  # the prefixes of one sequence are not independent: it is the unit
     return WindtunnelSet(model, task, prompts, cols, acts, idx)
 
 
@@ -119,8 +120,8 @@ def run(ctx, p: WindtunnelParams) -> Result:
     columns = nuisance_columns([len(t) for t in prompts], position=k)
     rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, groups=cols["k"]), dict(condition="windtunnel"))
     last = n - 1
-    rep = manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, n_boot=p.n_boot, n_null=p.n_null,
-                          seed=ctx.config.seed)
+    rep = manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, groups=acts.groups, n_boot=p.n_boot,
+                          n_null=p.n_null, seed=ctx.config.seed)
     rows += manifold_rows(rep, dict(condition="windtunnel", layer=last))
     rows += deconfounded(rep["pc1_score"], bayes, columns, p.covariates, k, "position", n_perm=p.n_perm,
                          seed=ctx.config.seed, metric="corr_pc1", scope=dict(layer=last, target="bayes entropy"))
@@ -129,8 +130,10 @@ def run(ctx, p: WindtunnelParams) -> Result:
         for target, y in (("model entropy", None), ("bayes entropy", bayes)):
             for kind in ("unconditional", "conditional") if target == "bayes entropy" else ("unconditional",):
                 a = fit_entropy_axis(acts, layer, p.method, folds=p.folds, entropy=y, seed=ctx.config.seed,
-                                     control=control if kind == "conditional" else None)
+                                     control=control if kind == "conditional" else None, strata=k)
                 scope = dict(layer=layer, method=p.method, target=target, axis=kind)
+                rows.append(Row("axis_residual_confounding", a.residual_confounding, "share", dict(scope),
+                                n=len(acts), note="share of the projection's variance between query positions"))
                 for fit, corr in (("in-sample", a.in_sample), ("held-out", a.held_out)):
                     rows.append(Row("pearson_projection", corr["pearson"], "r", dict(scope, fit=fit), n=len(acts),
                                     note=corr.get("reason")))
@@ -143,7 +146,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     rows += [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
                  float(scores[layer].max()), "range over heads", null["range"][0], null["range"][1],
                  "gaussian W_K", scores.shape[1]) for layer in range(n)]
-    f = attention_focusing(acts.readings["attn_entropy"], n_boot=p.n_boot, seed=ctx.config.seed)
+    f = attention_focusing(acts.readings["attn_entropy"], groups=acts.groups, n_boot=p.n_boot, seed=ctx.config.seed)
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
                     n=f["n_prompts"]))
     fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides

@@ -24,7 +24,7 @@ from torch import nn
 
 from interp_bayes.calibration import compare_to_bayes, kl_bits
 from interp_bayes.errors import ConfigError
-from interp_bayes.geometry import as_float64, bootstrap_means
+from interp_bayes.stats import as_float64, bootstrap_means
 from interp_bayes.tasks.base import TaskBatch, entropy_bits
 from interp_bayes.tasks.filters import baseline_posteriors, position_entropy
 from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from interp_bayes.errors import ConfigError
-from interp_bayes.geometry import CI_LEVEL, as_float64, bootstrap_means
+from interp_bayes.stats import (as_float64, bootstrap_means, centre_within, cross_fitted_ridge, interval,
+                                permutations, r2)
 from interp_bayes.tasks.kalman import (
     LN2,
     KalmanBatch,
@@ -311,7 +312,8 @@ def kalman_readings(
                 entropy_over="the Gaussian head (differential entropy)", prompt_digest=digest, task=task.name,
                 inputs="continuous features (no token ids)", seed=seed, n_sequences=n_sequences, steps=K)
     acts = Activations(readings=by_reading, entropy=gaussian_entropy_bits(model_cov).reshape(-1).float(),
-                       token_ids=[[] for _ in range(n_sequences * K)], meta=meta)
+                       token_ids=[[] for _ in range(n_sequences * K)], meta=meta,
+                       groups=np.repeat(np.arange(n_sequences), K))  # a sequence's steps are not independent
     d = task.state_dim
     columns = dict(
         sequence=np.repeat(np.arange(n_sequences), K), k=np.tile(np.arange(1, K + 1), n_sequences),
@@ -322,61 +324,37 @@ def kalman_readings(
     return acts, columns
 
 
-def held_out_r2(x: np.ndarray, y: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """R^2 of cross-fitted predictions of each column of y [N, k] from x [N, dim]: standardised x, ridge with a
-    penalty chosen per column by efficient leave-one-out on each training fold (one fit for all columns)."""
-    from sklearn.linear_model import RidgeCV
-    from sklearn.model_selection import KFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-3, 4, 15), alpha_per_target=True))
-    pred = cross_val_predict(model, x, y, cv=KFold(n_splits=folds, shuffle=True, random_state=seed))
-    return 1 - ((y - pred) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
+def held_out_r2(x: np.ndarray, y: np.ndarray, folds: int, seed: int, groups=None) -> np.ndarray:
+    """R^2 of cross-fitted predictions of each column of y [N, k] from x [N, dim]: the toolkit's ridge
+    (``stats.cross_fitted_ridge``, a penalty per column), folds of whole ``groups`` (the sequences)."""
+    pred, = cross_fitted_ridge(x, [y], groups, folds=folds, seed=seed, per_target=True)
+    return r2(y, pred)
 
 
-def _centre_within(a: np.ndarray, strata: np.ndarray) -> np.ndarray:
-    out = a.copy()
-    for s in np.unique(strata):
-        out[strata == s] -= out[strata == s].mean(axis=0)
-    return out
-
-
-def _permutations(rng: np.random.Generator, n: int, n_draws: int, strata: np.ndarray | None) -> np.ndarray:
-    """[n_draws, n] row permutations (within each stratum when strata are given)."""
-    if strata is None:
-        return np.stack([rng.permutation(n) for _ in range(n_draws)]) if n_draws else np.empty((0, n), int)
-    out = np.tile(np.arange(n), (n_draws, 1))
-    for s in np.unique(strata):
-        idx = np.flatnonzero(strata == s)
-        for row in out:
-            row[idx] = rng.permutation(idx)
-    return out
-
-
-def belief_probe(x, targets: dict[str, Any], *, strata=None, folds: int = 5, n_null: int = 200,
+def belief_probe(x, targets: dict[str, Any], *, groups=None, strata=None, folds: int = 5, n_null: int = 200,
                  seed: int = 0) -> dict[str, dict[str, Any]]:
     """How much of each belief summary a layer's readings carry linearly: held-out R^2 of a cross-fitted ridge
     regression of each target (e.g. m_t components, ln det P_t) on ``x`` [N, dim], beside a permutation null.
 
-    With ``strata`` (e.g. the step k) the same is also reported within stratum: x and target centred per stratum,
-    null permuted within stratum, so a target that moves with position is not credited to a position code.
-    Null: 95% percentile interval of the held-out R^2 over ``n_null`` permutations of the target (the permuted
-    targets are fitted together with the real one, as extra columns)."""
+    ``groups``: the sequence of each row (``kalman_readings``'s ``sequence`` column): folds hold whole sequences,
+    so no step of a held-out sequence is fitted on its other steps. With ``strata`` (e.g. the step k) the same is
+    also reported within stratum: x and target centred per stratum, null permuted within stratum, so a target that
+    moves with position is not credited to a position code. Null: 95% percentile interval of the held-out R^2 over
+    ``n_null`` permutations of the target (the permuted targets are fitted together with the real one, as extra
+    columns)."""
     x = as_float64(x)
     rng = np.random.default_rng(seed)
     variants = {"raw": (x, None)}
     if strata is not None:
         strata = np.asarray(strata)
-        variants["within"] = (_centre_within(x, strata), strata)
+        variants["within"] = (centre_within(x, strata), strata)
     out: dict[str, dict[str, Any]] = {}
     for name, target in targets.items():
         res: dict[str, Any] = {"n": int(len(x)), "folds": folds, "n_null": n_null}
-        for variant, (xv, groups) in variants.items():
-            y = as_float64(target) if groups is None else _centre_within(as_float64(target), groups)
-            perms = _permutations(rng, len(y), n_null, groups)
-            r2 = held_out_r2(xv, np.column_stack([y, *y[perms]]), folds, seed)
-            null = np.quantile(r2[1:], [(1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2]) if n_null else [np.nan] * 2
-            res[variant] = dict(r2_held_out=float(r2[0]), null=[float(v) for v in null])
+        for variant, (xv, by) in variants.items():
+            y = as_float64(target) if by is None else centre_within(as_float64(target), by)
+            perms = permutations(len(y), n_null, rng, by)
+            scores = held_out_r2(xv, np.column_stack([y, *y[perms]]), folds, seed, groups)
+            res[variant] = dict(r2_held_out=float(scores[0]), null=interval(scores[1:]))
         out[name] = res
     return out

@@ -8,7 +8,7 @@ one set of sequences and the edits scored on another:
 
 - ``entropy-axis`` (k = 1): the ridge direction of the exact posterior entropy (``axis`` module, method
   ``ridge``, fitted against Bayes entropy);
-- ``frame-belief`` (k = H - 1): the row space of the cross-fitted belief probe's readout (``belief.fit_ridge``
+- ``frame-belief`` (k = H - 1): the row space of the cross-fitted belief probe's readout (``stats.fit_ridge``
   of the exact posterior on the activations, carried back to raw coordinates): the directions a linear reader
   uses to recover the belief over hypotheses;
 - ``frame-pcs`` (k = H - 1): the top H - 1 principal components of the raw activations at every position (the
@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp_bayes.belief import fit_ridge, query_readings
+from interp_bayes.belief import query_readings
+from interp_bayes.stats import fit_ridge, interval, percentile_of
 from interp_bayes.calibration import kl_bits
 from interp_bayes.errors import ConfigError
 from interp_bayes.geometry import as_float64, pca
@@ -186,8 +187,8 @@ def summarise_costs(rows: list[dict], layer: int, name: str, op: str, true_losse
             costs = np.array([r[f"cost_{metric}"] for r in mine if r["kind"] == fam])
             if len(costs):
                 entry |= {f"{fam}_mean": float(costs.mean()),
-                          f"{fam}_range": [float(np.quantile(costs, 0.025)), float(np.quantile(costs, 0.975))],
-                          f"{fam}_percentile": float(np.mean(costs <= entry["true_cost"])), f"{fam}_n": len(costs)}
+                          f"{fam}_range": interval(costs),
+                          f"{fam}_percentile": percentile_of(entry["true_cost"], costs), f"{fam}_n": len(costs)}
         ratios = [r["variance_ratio"] for r in mine if r["kind"] == "matched"]
         if ratios:
             entry["matched_variance_ratio_mean"] = float(np.mean(ratios))
