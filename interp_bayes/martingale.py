@@ -4,7 +4,7 @@ arXiv 2406.00793).
 On exchangeable data a Bayesian predictor (i) does not depend on the order of the examples and (ii) is a
 martingale: if the next example is drawn from its own predictive distribution and appended, the expected new
 prediction equals today's. Both are measured on the model and, with the same draws and the same estimator, on the
-task's exact Bayesian predictor (the null: 0 up to Monte-Carlo error).
+task's exact Bayesian predictor (a reference).
 
 A context is k examples ``(input, outcome)`` and a query input; a predictor maps contexts to distributions over the
 outcomes. Per context:
@@ -20,7 +20,11 @@ outcomes. Per context:
   joint distribution it is 0 (total probability), however much it cares about the query. Beside it the total
   variation, the drift of the top outcome m[top] - m0[top] (> 0: the predictor grows more confident in its own guess
   than its predictive justifies), the gap against today's prediction KL(m || p) and its floor KL(m0 || p), what
-  changing the query alone does.
+  changing the query alone does;
+- the test: with a few sampled draws the plug-in KL(m || m0) is biased up by their Monte-Carlo noise, and that
+  noise is the predictor's own (a flatter predictor has less), so the exact predictor's range is no null for another
+  predictor. The gap is also estimated without that bias (``debiased_gap_bits``: a U-statistic over pairs of
+  draws, mean exactly 0 for any martingale) and tested against its own bootstrap over contexts, recentred at 0.
 
 SULA (``tasks/icl.py``): the examples are (carrier word, label) pairs and the query is a word. What the model
 outputs at the query is its predictive for the *next label*, and under the task's model that label equals the
@@ -37,8 +41,8 @@ outcomes, so no label sampling noise); the fresh query word is drawn at random, 
 Bijection wind tunnel (``tasks/bijection.py``): the examples are revealed (key, value) pairs and the query a key
 not yet revealed; the next example is an unrevealed key other than the query, with a value sampled from the
 predictor's own predictive at that key; the query stays. The exact predictive (uniform over unrevealed values) is
-a martingale. With 20 outcomes the value is sampled, so the exact null has Monte-Carlo error, reported as the 95%
-range of the same statistic over ``n_null`` independent sets of draws.
+a martingale. With 20 outcomes the value is sampled, so every predictor's plug-in gap has Monte-Carlo error; the
+exact predictor's 95% range over ``n_null`` independent sets of draws is kept as a reference.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from .calibration import kl_bits
-from .geometry import CI_LEVEL, bootstrap_means
+from .stats import bootstrap_means, interval
 from .results import Row
 
 
@@ -207,6 +211,31 @@ def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
         return np.maximum(kl_bits(m, np.log(p)), 0.0)
 
 
+def _gap_stats(m: np.ndarray, m0: np.ndarray, p: np.ndarray) -> dict[str, np.ndarray]:
+    """The plug-in gap statistics of ``martingale_gap`` from m, m0 and p ([n, n_outcomes] each)."""
+    top, rows = m0.argmax(-1), np.arange(len(p))
+    return dict(kl_bits=_kl_bits(m, m0), tv=0.5 * np.abs(m - m0).sum(-1), drift_top=m[rows, top] - m0[rows, top],
+                kl_today_bits=_kl_bits(m, p), kl_floor_bits=_kl_bits(m0, p))
+
+
+def debiased_gap_bits(next_draws: np.ndarray, same_draws: np.ndarray, today: np.ndarray) -> np.ndarray:
+    """Per context, an unbiased estimate of the true gap chi2(mu || m0) / (2 ln 2) in bits (~ KL(mu || m0) for small
+    gaps), mu the predictor's expected next prediction: the U-statistic mean over pairs of distinct draws j != l of
+    <d_j, d_l>_W, d = next - same, weights W = 1 / today (fixed given the context; 0 where today is 0).
+
+    Under the martingale hypothesis every d_j has mean 0 and the draws are independent, so its expectation is exactly
+    0 for any predictor, however noisy its draws: the plug-in KL(m || m0) instead carries the draws' own noise
+    (its mean is > 0 under the hypothesis, and larger for a sharper predictor), which is why a band from another
+    predictor (the exact one) is not a null for this one. NaN with fewer than 2 draws."""
+    d = next_draws - same_draws  # [n, D, O]
+    D = d.shape[1]
+    if D < 2:
+        return np.full(len(d), np.nan)
+    w = np.where(today > 0, 1.0 / np.where(today > 0, today, 1.0), 0.0)[:, None, :]
+    pairs = (d.sum(1, keepdims=True) ** 2 * w).sum((1, 2)) - (d**2 * w).sum((1, 2))  # sum over j != l of <d_j, d_l>
+    return pairs / (D * (D - 1)) / (2 * math.log(2))
+
+
 def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: ExchangeableTask, *, n_draws: int = 4,
                    seed: int = 0) -> dict[str, np.ndarray]:
     """Per context, with m the mean prediction at the fresh queries after one more example drawn from the
@@ -217,7 +246,10 @@ def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: Excha
     - ``tv`` = |m - m0|_1 / 2 and ``drift_top`` = m[top] - m0[top] (top = argmax m0: > 0 when the predictor grows
       more confident in its own guess than its predictive justifies);
     - ``kl_today_bits`` = KL(m || p), the gap against today's prediction, and ``kl_floor_bits`` = KL(m0 || p), what
-      changing the query alone does (both equal 0 and ``kl_bits`` where the query stays, as in the bijection).
+      changing the query alone does (both equal 0 and ``kl_bits`` where the query stays, as in the bijection);
+    - ``next_draws`` and ``same_draws`` ([n, n_draws, n_outcomes]): each draw's prediction with the new example
+      (its outcomes' average where they are enumerated) and without it; m and m0 are their means over the draws.
+      ``debiased_bits`` is the gap estimated from them without the draws' noise (``debiased_gap_bits``).
 
     The random draws depend only on ``seed`` and the contexts, never on the predictor, so two predictors see the
     same draws (common random numbers)."""
@@ -226,33 +258,38 @@ def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: Excha
     p = predict(contexts)  # [n, n_outcomes]
     at_x = predict([Context(contexts[i].examples, x) for i, x, _, _ in draws])  # predictive for the new example
     nexts, weights, owner = [], [], []
-    for (i, x, query, u), q in zip(draws, at_x):
+    for d, ((i, x, query, u), q) in enumerate(zip(draws, at_x)):
         outcomes = range(len(q)) if setup.enumerate_outcomes else \
             [min(int(np.searchsorted(np.cumsum(q), u * q.sum(), side="right")), len(q) - 1)]
         for o in outcomes:
             nexts.append(Context(contexts[i].examples + ((x, o),), query))
             weights.append(q[o] if setup.enumerate_outcomes else 1.0)
-            owner.append(i)
-    m, m0 = np.zeros_like(p), np.zeros_like(p)
-    np.add.at(m, np.array(owner), predict(nexts) * (np.array(weights) / n_draws)[:, None])
-    np.add.at(m0, np.array([i for i, *_ in draws]),
-              predict([Context(contexts[i].examples, query) for i, _, query, _ in draws]) / n_draws)
-    top, rows = m0.argmax(-1), np.arange(len(p))
-    return dict(kl_bits=_kl_bits(m, m0), tv=0.5 * np.abs(m - m0).sum(-1), drift_top=m[rows, top] - m0[rows, top],
-                kl_today_bits=_kl_bits(m, p), kl_floor_bits=_kl_bits(m0, p))
+            owner.append(d)  # draws are laid out context by context, n_draws each
+    shape = (len(contexts), n_draws, p.shape[1])
+    next_draws = np.zeros((len(draws), p.shape[1]))
+    np.add.at(next_draws, np.array(owner), predict(nexts) * np.array(weights)[:, None])
+    same_draws = predict([Context(contexts[i].examples, query) for i, _, query, _ in draws])
+    next_draws, same_draws = next_draws.reshape(shape), same_draws.reshape(shape)
+    return dict(**_gap_stats(next_draws.mean(1), same_draws.mean(1), p),
+                debiased_bits=debiased_gap_bits(next_draws, same_draws, p), next_draws=next_draws,
+                same_draws=same_draws, today=p)
 
 
 ORDER_STATS = ("js_bits", "top_sd")
-GAP_STATS = ("kl_bits", "tv", "drift_top", "kl_today_bits", "kl_floor_bits")
+GAP_STATS = ("debiased_bits", "kl_bits", "drift_top", "tv", "kl_today_bits", "kl_floor_bits")
 FLOAT_FLOOR = 1e-4  # bits: a model computed in float32 differs from itself by about this across batch layouts
-UNITS = dict(js_bits="bits", top_sd="probability", kl_bits="bits", tv="probability", drift_top="probability",
-             kl_today_bits="bits", kl_floor_bits="bits")
+UNITS = dict(js_bits="bits", top_sd="probability", debiased_bits="bits", kl_bits="bits", tv="probability",
+             drift_top="probability", kl_today_bits="bits", kl_floor_bits="bits")
+OWN_NULL = "the predictor's own draws under the martingale hypothesis, 95%"
+NULLS = dict(js_bits="exact predictor", top_sd="exact predictor", debiased_bits=OWN_NULL, kl_bits=OWN_NULL,
+             drift_top=OWN_NULL, kl_floor_bits="exact predictor, Monte-Carlo 95%")  # tv, kl_today: descriptive
 
 
 @dataclass
 class MartingaleReport:
-    """Per k: the model's order sensitivity and martingale gap (mean over contexts, bootstrap 95% interval) beside
-    the exact predictor's under the same draws (its value and, for the gap, its Monte-Carlo 95% range)."""
+    """Per k: the predictor's order sensitivity and martingale gap (mean over contexts, bootstrap 95% interval),
+    each beside a null valid for the predictor under test (``martingale_test``) where one exists, and the exact
+    predictor's gap under the same draws with its Monte-Carlo range (``exact_*``) as a reference."""
 
     task: str
     per_k: list[dict]
@@ -260,44 +297,68 @@ class MartingaleReport:
     per_context: dict = field(default_factory=dict, repr=False)  # statistic -> [n_contexts] for the model
 
     def rows(self) -> list[Row]:
-        """Tidy rows per k and statistic: the model's mean with its bootstrap interval, beside the exact predictor's
-        Monte-Carlo range as the null."""
+        """Tidy rows per k and statistic: the predictor's mean with its bootstrap interval, beside its null's 95%
+        range (``NULLS``), the upper end widened to the float32 floor for statistics in bits: a gap below
+        ``FLOAT_FLOOR`` cannot be told from arithmetic noise (part of the power floor). ``tv`` and
+        ``kl_today_bits`` have no null (biased up by the draws' noise; descriptive)."""
         out = []
         for entry in self.per_k:
             for stat in ORDER_STATS + GAP_STATS:
                 if stat not in entry:
                     continue
-                model, null = entry[stat], entry[f"null_{stat}"]
+                model, null = entry[stat], entry.get(f"null_{stat}")
                 kind = "order_sensitivity" if stat in ORDER_STATS else "martingale_gap"
-                floor = FLOAT_FLOOR if UNITS[stat] == "bits" else 0.0
+                note = []
+                if f"exact_{stat}" in entry:
+                    ex = entry[f"exact_{stat}"]
+                    note.append(f"exact predictor {ex['value']:.4g} (Monte-Carlo {ex['range'][0]:.4g}, "
+                                f"{ex['range'][1]:.4g})")
+                low = high = None
+                if null is not None:
+                    floor = FLOAT_FLOOR if UNITS[stat] == "bits" else 0.0
+                    low, high = null["range"][0], max(null["range"][1], floor)
+                    if floor > null["range"][1]:
+                        note.insert(0, f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits")
                 out.append(Row(f"{kind}_{stat}", model["mean"], UNITS[stat], dict(task=self.task, k=entry["k"]),
-                               model["ci"][0], model["ci"][1], "bootstrap 95%", null["range"][0],
-                               max(null["range"][1], floor), "exact predictor, Monte-Carlo 95%", entry["n"],
-                               note=f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits" if floor >
-                               null["range"][1] else None))
+                               model["ci"][0], model["ci"][1], "bootstrap 95%", low, high,
+                               NULLS[stat] if null is not None else None, entry["n"], note="; ".join(note) or None))
         return out
 
 
 def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int = 6,
                     n_draws: int = 4, n_null: int = 100, n_boot: int = 1000, seed: int = 0,
                     batch_size: int | None = None, predictor: Predictor | None = None) -> MartingaleReport:
-    """Order sensitivity and martingale gap of ``model`` on ``contexts`` beside the exact predictor's, per k.
+    """Order sensitivity and martingale gap of ``model`` on ``contexts``, per k, each against a null valid for it.
 
     ``predictor`` replaces the model (any function of contexts, e.g. a toy predictor in a test); ``model`` may then
-    be None. Order sensitivity is reported for k >= 2 (one example has one order). The exact predictor's order
-    sensitivity is computed, not assumed; its martingale gap is computed with the model's draws (its value) and
-    with ``n_null`` further independent sets of draws (its Monte-Carlo range).
+    be None. Order sensitivity is reported for k >= 2 (one example has one order), against the exact predictor's
+    (computed, not assumed; 0).
+
+    The martingale test is the predictor's own: ``debiased_bits`` (``debiased_gap_bits``) has mean exactly 0 under
+    the hypothesis whatever the predictor's noise, so its null is its own bootstrap distribution over contexts
+    recentred at 0 ([low - mean, high - mean]: the contexts are independent, their draws are the noise). The
+    plug-in ``kl_bits`` is placed against the same band moved to its noise level (kl - debiased: where the plug-in
+    sits for a martingale with this predictor's draws), so both give one verdict; ``drift_top`` (mean 0 under the
+    hypothesis) against its own recentred bootstrap. The exact predictor's statistics under the same draws and
+    their Monte-Carlo range over ``n_null`` further sets of draws are kept (``exact_*``), as a reference only: that
+    band is the exact predictor's noise, and a flatter martingale scores below it.
+
+    Power floor: the band's half-width, set by the draws' noise over ``n_draws`` x contexts per k (it shrinks as
+    1 / sqrt of their product), and never below ``FLOAT_FLOOR`` for the statistics in bits (docs/rivals.md measures
+    both on planted predictors).
     """
+    if n_draws < 2:
+        raise ValueError("The martingale test needs n_draws >= 2 (its null is built from the spread of the "
+                         "predictor's own draws); set n_draws to 2 or more.")
     predict = predictor or model_predictor(model, setup, batch_size=batch_size)
     order = order_sensitivity(predict, contexts, n_perms=n_perms, seed=seed)
     order_null = order_sensitivity(setup.exact, contexts, n_perms=n_perms, seed=seed)
     gap = martingale_gap(predict, contexts, setup, n_draws=n_draws, seed=seed)
-    gap_null = martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed)
+    gap_exact = martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed)
     replicates = [martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed + 1 + r)
                   for r in range(n_null)]
     ks = np.array([c.k for c in contexts])
     rng = np.random.default_rng(seed)
-    a = (1 - CI_LEVEL) / 2
     per_k = []
     for k in sorted(set(ks.tolist())):
         sel = ks == k
@@ -311,10 +372,16 @@ def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context],
             entry["n_orders"] = float(order["n_orders"][sel].mean())
         for stat in GAP_STATS:
             mean, low, high = bootstrap_means(gap[stat][sel], n_boot=n_boot, seed=rng)
-            reps = np.array([r[stat][sel].mean() for r in replicates]) if replicates else np.array([np.nan])
             entry[stat] = dict(mean=float(mean), ci=[float(low), float(high)])
-            entry[f"null_{stat}"] = dict(value=float(gap_null[stat][sel].mean()),
-                                         range=[float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))])
+            reps = np.array([r[stat][sel].mean() for r in replicates]) if replicates else np.array([np.nan])
+            entry[f"exact_{stat}"] = dict(value=float(gap_exact[stat][sel].mean()),
+                                          range=interval(reps))
+        for stat in ("debiased_bits", "drift_top"):  # mean 0 under the hypothesis: the bootstrap, recentred
+            e = entry[stat]
+            entry[f"null_{stat}"] = dict(value=0.0, range=[e["ci"][0] - e["mean"], e["ci"][1] - e["mean"]])
+        shift = entry["kl_bits"]["mean"] - entry["debiased_bits"]["mean"]  # the plug-in's noise part
+        entry["null_kl_bits"] = dict(value=shift, range=[shift + x for x in entry["null_debiased_bits"]["range"]])
+        entry["null_kl_floor_bits"] = entry["exact_kl_floor_bits"]  # the query alone: the exact predictor's is 0
         per_k.append(entry)
     params = dict(n_perms=n_perms, n_draws=n_draws, n_null=n_null, n_boot=n_boot, seed=seed,
                   outcomes="enumerated" if setup.enumerate_outcomes else "sampled", n_contexts=len(contexts))

@@ -3,8 +3,10 @@ neuron) mechanism, or neither?
 
 - ``axis_null_overlap``: the value axis u of layer L moved into the residual stream (shifting every value by u
   shifts each query head's attention output by its KV group's part of u, whatever the attention pattern, so the
-  residual moves by r = sum_h u_g(h) W_O[h]) and the fraction of |r|^2 in the unembedding's null space, beside random
-  value directions mapped the same way.
+  residual moves by r = sum_h u_g(h) W_O[h]) and rho = |V0^T r| / |r|, the fraction of its norm in the unembedding's
+  null space (the entropy neurons' score, ``neurons.NullSpace.rho``), beside random value directions mapped the
+  same way. (A block that normalises its attention output, Gemma 2/3's ``post_attention_layernorm``, is not mapped
+  through that norm.)
 - ``scale_entropy``: the correlation of the final-norm scale (``ln_final.hook_scale``) at the final token with the
   entropy there, raw and with the nuisance covariates partialled out (within-stratum permutation null).
 - ``compare_mechanisms``: the effect on entropy, on the KL from the unedited model and (SULA) on calibration against
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .geometry import CI_LEVEL, as_float64, correlations
+from .geometry import correlations
+from .stats import as_float64, interval, percentile_of
 from .neurons import LN2, POST_HOOK, NullSpace, _ablate, _layer, final_norm_run, unembedding_null_space
 from .results import Row
 
@@ -39,7 +42,7 @@ def value_axis_in_residual(model, direction, layer: int) -> np.ndarray:
 
 def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = None, n_random: int = 200,
                       seed: int = 0) -> dict:
-    """rho (fraction of the residual image's squared norm in the null space) of the value axis, beside
+    """rho = |V0^T r| / |r| (the fraction of the residual image's norm in the null space) of the value axis, beside
     ``n_random`` isotropic value directions orthogonal to it, mapped through W_O the same way."""
     from .interventions import isotropic_axes
 
@@ -50,10 +53,8 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
     rho = float(null.rho(value_axis_in_residual(model, u, idx)))
     randoms = isotropic_axes(u, n_random, layer=idx, seed=seed)
     null_rho = np.array([null.rho(value_axis_in_residual(model, d, idx)) for d in randoms])
-    a = (1 - CI_LEVEL) / 2
-    return dict(layer=idx, rho=rho, random_mean=float(null_rho.mean()),
-                random_range=[float(np.quantile(null_rho, a)), float(np.quantile(null_rho, 1 - a))],
-                percentile=float(np.mean(null_rho <= rho)), n_random=n_random, chance_rho=null.chance,
+    return dict(layer=idx, rho=rho, random_mean=float(null_rho.mean()), random_range=interval(null_rho),
+                percentile=percentile_of(rho, null_rho), n_random=n_random, chance_rho=null.chance,
                 residual_norm=float(np.linalg.norm(value_axis_in_residual(model, u, idx))))
 
 
@@ -162,7 +163,6 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
         edits.append(dict(mechanism=mechanism, kind=kind, draw=draw, **extra, **_measure(run(context), base, task)))
     baseline = dict(entropy=float(base.entropy.double().mean()))
     summary = []
-    a = (1 - CI_LEVEL) / 2
     for mechanism in ("entropy_neurons", "axis_cut"):
         group = [e for e in edits if e["mechanism"] == mechanism]
         true = next(e for e in group if e["kind"] == "true")
@@ -170,8 +170,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
             ctrl = np.array([e[metric] for e in group if e["kind"] == "control"])
             summary.append(dict(mechanism=mechanism, metric=metric, effect=true[metric],
                                 layer=idx if mechanism == "entropy_neurons" else axis.layer,
-                                control_mean=float(ctrl.mean()), control_range=[float(np.quantile(ctrl, a)),
-                                                                                float(np.quantile(ctrl, 1 - a))],
-                                percentile=float(np.mean(ctrl <= true[metric])), n_controls=len(ctrl),
+                                control_mean=float(ctrl.mean()), control_range=interval(ctrl),
+                                percentile=percentile_of(true[metric], ctrl), n_controls=len(ctrl),
                                 unit=UNITS[metric]))
     return MechanismComparison(edits, baseline, summary, len(clean["token_ids"]))

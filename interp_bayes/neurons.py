@@ -1,29 +1,41 @@
 """Entropy neurons and the final-norm scale (Stolfo, Wu, Gurnee, Belinkov, Song, Sachan, Nanda, "Confidence
 Regulation Neurons in Language Models", NeurIPS 2024, arXiv 2406.16254; Gurnee et al. 2024, arXiv 2401.12181).
 
-The mechanism: a last-layer MLP neuron whose output weight w_out is large and lies in an effective null space of the
+The mechanism: a last-layer MLP neuron whose output write is large and lies in an effective null space of the
 unembedding barely moves the logits directly, but it changes the residual norm, hence the final LayerNorm/RMSNorm
 scale s, hence every logit by the factor 1/s: entropy moves, the ranking does not.
 
 Effective unembedding. The logits are W_U^T (g * P x / s + b) + b_U, with g the final norm's weight, P the centring
 of LayerNorm (identity for RMSNorm) and s the norm scale (``ln_final.hook_scale``). Softmax ignores a constant added
 to every logit, so the unembedding is also centred over the vocabulary (C). The effective unembedding is
-U = P diag(g) W_U C ([d_model, vocab]); a residual write w changes the logits by U^T w / s. The null space is spanned
-by U's k = max(10, 1% of d_model) bottom left-singular directions (within the centred subspace for LayerNorm, whose
+U = P diag(g) W_U C ([d_model, vocab]): the authors' W_U as TransformerLens processes it by default (the final
+norm folded in, ``center_unembed``, and for LayerNorm ``center_writing_weights``). The null space V0 is spanned by
+U's k = max(10, 1% of d_model) bottom left-singular directions (within the centred subspace for LayerNorm, whose
 all-ones direction the norm never sees). When the vocabulary is smaller than d_model (wind tunnels), U has an exact
 kernel and the null space is at least that kernel. A model scored on a few tokens only (a wind tunnel's hypotheses)
 has U restricted to their columns (``tokens``): its null space is what leaves their distribution unchanged.
 
-Per neuron: ``norm`` = |P w_out|; ``rho`` = the fraction of |P w_out|^2 in the null space (a random direction has
-``chance`` = k / effective dimension); ``null_norm`` = sqrt(rho) |P w_out| (the size of the write that changes the
-norm without changing the logits, the ranking score); ``logit_var`` = the variance over the vocabulary of the cosine
-between w_out and each token's unembedding column (the paper's LogitVar: low for entropy neurons).
+A neuron's write is what the block adds to the residual stream when the neuron moves: c w_out (c its change of
+activation) where the MLP's output is added as it is, and the measured change post(h + c w_out) - post(h) where the
+block normalises its MLP's output first (Gemma 2/3's ``post_feedforward_layernorm``, TransformerLens's ``ln2_post``;
+h the MLP's output): that change is not proportional to w_out and depends on h, so it is taken at every position of
+the prompts with c the mean ablation's (mean - activation).
+
+Per neuron (the authors' definitions, ``get_potential_entropy_neurons_udark`` in their ``utils.py``): ``rho`` =
+|V0^T P w| / |P w|, the fraction of the write's *norm* in the null space (pooled over positions for a measured write:
+sqrt(sum |V0^T P dx|^2 / sum |P dx|^2)); a random direction has rho about ``chance`` = sqrt(k / effective dimension);
+``norm`` = |P w_out| (measured: sqrt(sum |P dx|^2 / sum c^2), the write per unit of activation); ``null_norm`` =
+rho * norm (|V0^T P w|); ``logit_var`` = the variance over the vocabulary of the cosine between the write and each
+token's unembedding column (the paper's LogitVar: low for entropy neurons). Candidates are the neurons with the
+largest rho, as the authors rank them (no threshold on the norm).
 
 Ablations (per neuron, mean ablation: its activation set to its mean over the prompts' positions, at every position):
 the total effect on entropy and next-token loss (both in bits), and the direct effect with the final-norm scale
 frozen at its clean value through a hook on ``ln_final.hook_scale`` (every family's bridge exposes it). The
 norm-mediated effect is total minus direct. The clean run routes the scale through the same hook (a copy of the
-scale), so clean and frozen runs use one arithmetic: an ablation that changes nothing has effect exactly 0.
+scale), so clean and frozen runs use one arithmetic: an ablation that changes nothing has effect exactly 0. Beside
+the signed effects, the authors' measure: the mean absolute change of the loss per token, total and direct, and the
+share through the norm 1 - |direct| / |total| of it.
 """
 
 from __future__ import annotations
@@ -38,14 +50,17 @@ import numpy as np
 import torch
 
 from .errors import UnsupportedModelError
-from .geometry import CI_LEVEL, as_float64, correlations
+from .geometry import correlations
+from .stats import as_float64, bootstrap_ratio, interval, percentile_of
 from .results import Row
 
 LN2 = math.log(2.0)
 SCALE_HOOK = "ln_final.hook_scale"
 POST_HOOK = "blocks.{layer}.mlp.hook_post"
+MLP_OUT_HOOK = "blocks.{layer}.ln2_post.hook_in"  # the MLP's output before a post-MLP norm
 TOKENS_PER_BATCH = 512  # full-vocabulary logits at every position: keep batches small
 _NATIVE_EDIT = "A forward hook edited hook_scale"  # TransformerLens warns when an RMSNorm scale hook edits
+PATHS = dict(head="rank-one head", post="head through the post-MLP norm", full="full passes")
 
 
 def _layer(model, layer: int) -> int:
@@ -56,11 +71,15 @@ def _layer(model, layer: int) -> int:
     return idx
 
 
+def _gain(norm) -> np.ndarray:
+    """A norm bridge's effective per-coordinate weight g (1 + w where the norm stores an offset, as Gemma's)."""
+    w = as_float64(norm.original_component.weight.detach())
+    return 1.0 + w if norm.uses_weight_offset else w
+
+
 def _norm_weight(model) -> np.ndarray:
-    """The final norm's effective per-coordinate weight g (1 + w where the norm stores an offset, as Gemma's)."""
-    ln = model.ln_final
-    w = as_float64(ln.original_component.weight.detach())
-    return 1.0 + w if ln.uses_weight_offset else w
+    """The final norm's effective per-coordinate weight g."""
+    return _gain(model.ln_final)
 
 
 def _centred(model) -> bool:
@@ -71,6 +90,39 @@ def _centred(model) -> bool:
 def _effective(w: np.ndarray, centred: bool) -> np.ndarray:
     """Rows of residual writes as the final norm sees them: centred over d_model for LayerNorm."""
     return w - w.mean(axis=-1, keepdims=True) if centred else w
+
+
+@dataclass(frozen=True)
+class PostNorm:
+    """The RMSNorm a block applies to its MLP's output before adding it to the residual (Gemma 2/3):
+    post(x) = g * x / r(x), r(x) = sqrt(mean(x^2) + eps). For x = h + c w the change is
+    post(h + c w) - post(h) = g * (a h + b w) with a = 1 / r(h + c w) - 1 / r(h) and b = c / r(h + c w)."""
+
+    gain: np.ndarray  # [d_model]
+    eps: float
+
+    def coefficients(self, h, c, w):
+        """(a, b) for MLP outputs h [..., d], activation changes c [..., n] and output weights w [n, d]: [..., n]
+        each (numpy float64 or torch tensors alike)."""
+        d = h.shape[-1]
+        hh = (h * h).sum(-1)[..., None]
+        r = ((hh / d) + self.eps) ** 0.5
+        r_new = ((hh + 2 * c * (h @ w.T) + c * c * (w * w).sum(-1)) / d + self.eps) ** 0.5
+        return 1 / r_new - 1 / r, c / r_new
+
+
+def post_mlp_norm(model, layer: int) -> PostNorm | None:
+    """The norm ``layer``'s block applies to its MLP's output (TransformerLens's ``ln2_post``), or None where the MLP's
+    output is added to the residual as it is."""
+    norm = getattr(model.blocks[_layer(model, layer)], "ln2_post", None)
+    if norm is None:
+        return None
+    if not norm.uses_rms_norm:
+        raise UnsupportedModelError("This model normalises its MLP output with a LayerNorm; the entropy-neuron "
+                                    "analyses support an RMSNorm there (Gemma 2/3) or none.")
+    module = norm.original_component
+    eps = getattr(module, "eps", None)
+    return PostNorm(_gain(norm), float(getattr(module, "variance_epsilon", 1e-6) if eps is None else eps))
 
 
 def _unembedding_columns(model, centred: bool, chunk: int = 8192, tokens: Sequence[int] | None = None):
@@ -104,16 +156,17 @@ class NullSpace:
 
     @property
     def chance(self) -> float:
-        """The expected rho of a uniformly random direction: k over the effective dimension."""
-        return self.k / len(self.singular_values)
+        """The root-mean-square rho of a uniformly random direction: sqrt(k / effective dimension)."""
+        return math.sqrt(self.k / len(self.singular_values))
 
     def effective(self, w) -> np.ndarray:
         return _effective(as_float64(w), self.centred)
 
     def rho(self, w) -> np.ndarray:
-        """Fraction of |effective w|^2 in the null space, for a vector or the rows of a matrix."""
+        """|V0^T w| / |w| of the effective w (the authors' ``norm_fraction_on_U_entropy``), for a vector or the rows
+        of a matrix."""
         w = self.effective(w)
-        return (w @ self.basis) ** 2 @ np.ones(self.k) / (w**2).sum(axis=-1)
+        return np.linalg.norm(w @ self.basis, axis=-1) / np.linalg.norm(w, axis=-1)
 
     def summary(self) -> dict:
         s = self.singular_values
@@ -156,14 +209,63 @@ def _w_out(model, layer: int) -> np.ndarray:
     return as_float64(model.blocks[layer].mlp.W_out.detach())  # [d_mlp, d_model]
 
 
-def neuron_scores(model, layer: int = -1, null: NullSpace | None = None) -> dict[str, np.ndarray]:
-    """Per neuron of ``layer``'s MLP: norm, rho, null_norm and logit_var (module docstring), as float64 arrays."""
+def _scores_from_forms(sq, null_sq, gram_sq, mean_sq, unit_sq) -> dict[str, np.ndarray]:
+    """Scores from pooled quadratic forms of the writes: |P w|^2, |V0^T w|^2, w^T N w, (w . mu)^2 and the squared
+    activation changes they came from (1 for a weight)."""
+    live = sq > 0  # a neuron that never leaves its mean writes nothing: no direction, scores 0
+    safe = np.where(live, sq, 1.0)
+    rho = np.where(live, np.sqrt(np.clip(null_sq, 0.0, None) / safe), 0.0)
+    norm = np.where(live, np.sqrt(sq / np.where(unit_sq > 0, unit_sq, 1.0)), 0.0)
+    return dict(norm=norm, rho=rho, null_norm=rho * norm, logit_var=np.where(live, (gram_sq - mean_sq) / safe, 0.0))
+
+
+def _measured_write_forms(null: NullSpace, post: PostNorm, w: np.ndarray, means: np.ndarray, inputs):
+    """Pooled quadratic forms of the measured writes dx = g * (a h + b w) over every position of the clean run's
+    batches ``inputs`` ([(MLP activations [b, pos, n], MLP outputs [b, pos, d])]), without forming dx: each form of
+    a h + b w expands into forms of h, of w and between them, products over d_model only."""
+    y = null.effective(post.gain * w)  # [n, d]
+    yv, yn, ym = y @ null.basis, y @ null.norm_gram, y @ null.norm_mean
+    n = len(w)
+    acc = {key: np.zeros(n) for key in ("sq", "null_sq", "gram_sq", "mean_sq", "unit_sq")}
+    for act, h in inputs:
+        act = as_float64(act).reshape(-1, n)  # [P, n]
+        h = as_float64(h).reshape(len(act), -1)  # [P, d]
+        c = means[None, :] - act
+        a, b = post.coefficients(h, c, w)
+        x = null.effective(post.gain * h)  # [P, d]
+        xv, xm = x @ null.basis, x @ null.norm_mean
+        for key, xx, xy, yy in (("sq", (x * x).sum(1), x @ y.T, (y * y).sum(1)),
+                                ("null_sq", (xv * xv).sum(1), xv @ yv.T, (yv * yv).sum(1)),
+                                ("gram_sq", ((x @ null.norm_gram) * x).sum(1), x @ yn.T, (yn * y).sum(1))):
+            acc[key] += (a * a * xx[:, None] + 2 * a * b * xy + b * b * yy[None, :]).sum(0)
+        acc["mean_sq"] += ((a * xm[:, None] + b * ym[None, :]) ** 2).sum(0)
+        acc["unit_sq"] += (c * c).sum(0)
+    return acc
+
+
+def neuron_scores(model, layer: int = -1, null: NullSpace | None = None,
+                  clean: dict | None = None) -> dict[str, np.ndarray]:
+    """Per neuron of ``layer``'s MLP: norm, rho, null_norm and logit_var (module docstring), as float64 arrays, and
+    ``write``: what they are of ("W_out", or "measured" through a post-MLP norm).
+
+    Where the block normalises its MLP's output (``post_mlp_norm``) the write depends on the activations: ``clean``
+    must then be ``final_norm_run``'s output for the prompts with ``keep_head_inputs=True`` (its MLP outputs and
+    activations)."""
+    idx = _layer(model, layer)
     null = null or unembedding_null_space(model)
-    w = null.effective(_w_out(model, _layer(model, layer)))
-    sq = (w**2).sum(axis=1)
-    rho = null.rho(w)
-    logit_var = np.einsum("nd,de,ne->n", w, null.norm_gram, w) / sq - (w @ null.norm_mean) ** 2 / sq
-    return dict(norm=np.sqrt(sq), rho=rho, null_norm=np.sqrt(rho * sq), logit_var=logit_var)
+    post = post_mlp_norm(model, idx)
+    w = _w_out(model, idx)
+    if post is None:
+        we = null.effective(w)
+        sq = (we**2).sum(axis=1)
+        out = _scores_from_forms(sq, ((we @ null.basis) ** 2).sum(1), np.einsum("nd,de,ne->n", we, null.norm_gram, we),
+                                 (we @ null.norm_mean) ** 2, np.ones(len(w)))
+        return dict(out, write="W_out")
+    if clean is None or not clean.get("head_inputs") or clean["head_inputs"][0][2] is None or clean.get("layer") != idx:
+        raise ValueError(f"Layer {idx} normalises its MLP output, so a neuron's write depends on its activations: "
+                         "pass clean=final_norm_run(model, prompts, layer=..., keep_head_inputs=True).")
+    forms = _measured_write_forms(null, post, w, clean["means"], [(p, h) for _, p, h in clean["head_inputs"]])
+    return dict(_scores_from_forms(**forms), write="measured")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,15 +319,17 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
     """One clean pass: per prompt the final position's norm scale, entropy (bits, full vocabulary) and, with
     ``label_tokens``, the renormalised label entropy; the mean activation of every neuron of ``layer``'s MLP over all
     positions (the mean-ablation values); per-prompt position-level entropy, loss and scale. ``keep_head_inputs``
-    also keeps, per batch, the final residual (``ln_final.hook_in``) and ``layer``'s MLP activations;
-    ``final_only`` unembeds the final position alone (entropy there, no loss), which is all most callers need."""
+    also keeps, per batch, the final residual (``ln_final.hook_in``), ``layer``'s MLP activations and, where the
+    block normalises its MLP's output, that output before the norm (else None); ``final_only`` unembeds the final
+    position alone (entropy there, no loss), which is all most callers need."""
     token_ids, batches = _prepare(model, prompts, batch_size)
     device = next(model.parameters()).device
     idx = _layer(model, layer)
+    post_norm = post_mlp_norm(model, idx) is not None
     labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
     n = len(token_ids)
     out = dict(token_ids=token_ids, batches=batches, entropy=[None] * n, loss=[None] * n, scale=[None] * n,
-               label_entropy=np.full(n, np.nan))
+               label_entropy=np.full(n, np.nan), layer=idx)
     post_sum, count, seen = 0.0, 0, {}
 
     def keep(name):
@@ -235,7 +339,8 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
         return hook
 
     hooks = [(SCALE_HOOK, keep("scale")), (POST_HOOK.format(layer=idx), keep("post")),
-             ("ln_final.hook_in", keep("resid"))]
+             ("ln_final.hook_in", keep("resid"))] + ([(MLP_OUT_HOOK.format(layer=idx), keep("mlp_out"))]
+                                                     if post_norm and keep_head_inputs else [])
     with _quiet_scale_edits(), model.hooks(fwd_hooks=hooks):
         for b in batches:
             ids = torch.tensor([token_ids[i] for i in b], device=device)
@@ -251,7 +356,8 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
                     out["label_entropy"][i] = _label_entropy(stats["label_logprobs"][j])
             out.setdefault("scale_tensors", []).append(seen["scale"].clone())
             if keep_head_inputs:
-                out.setdefault("head_inputs", []).append((seen["resid"].clone(), seen["post"].clone()))
+                out.setdefault("head_inputs", []).append(
+                    (seen["resid"].clone(), seen["post"].clone(), seen["mlp_out"].clone() if post_norm else None))
     out["means"] = as_float64(post_sum / count)
     out["final_scale"] = np.array([s[-1] for s in out["scale"]])
     out["final_entropy"] = np.array([h[-1] for h in out["entropy"]])
@@ -270,9 +376,16 @@ def _ablate(neurons: Sequence[int], values: torch.Tensor):
 
 def _head(model, resid: torch.Tensor, scale_hook) -> torch.Tensor:
     """Logits from a final residual through the model's own final norm (its scale via ``scale_hook``) and
-    unembedding: what the model computes after its last block."""
+    unembedding, before any soft cap (``_softcap``)."""
     with model.hooks(fwd_hooks=[(SCALE_HOOK, scale_hook)]):
         return model.unembed(model.ln_final(resid))
+
+
+def _softcap(model, z: torch.Tensor) -> torch.Tensor:
+    """The logits the model outputs from its unembedding's z: cap * tanh(z / cap) where it soft-caps them (Gemma 2),
+    z itself elsewhere."""
+    cap = getattr(model.cfg, "output_logits_soft_cap", None) or 0.0
+    return cap * torch.tanh(z / cap) if cap > 0 else z
 
 
 def _scale_of(model, resid: torch.Tensor) -> torch.Tensor:
@@ -288,42 +401,67 @@ def _unit_scale(scale: torch.Tensor, hook) -> torch.Tensor:
     return torch.ones_like(scale)
 
 
-class _RankOneHead:
-    """The head's logits for a final residual plus one neuron's write, without a matrix product over the vocabulary.
+class _AffineHead:
+    """The head's pre-cap logits for a final residual plus one neuron's write, without a matrix product over the
+    vocabulary per ablation.
 
-    At a fixed scale s the head is affine in its input: logits(x) = G(x) / s + beta, with G linear (centring, the
-    norm's weight, the unembedding) and beta = logits(0) at scale 1 (the norm's and the unembedding's biases). For
-    x = resid + c w_out (c per position) with clean logits L0 = G(resid) / s0 + beta:
-    direct (s frozen at s0): L0 + (c / s0) G(w_out); total (s' the scale of x): r L0 + (1 - r) beta + (c / s') G(w_out)
-    with r = s0 / s'. G(w_out) is one head pass of a single vector per neuron, so an ablation costs elementwise work
-    instead of a [positions, d_model] x [d_model, vocab] product; c = 0 gives L0 exactly."""
+    At a fixed scale s the head is affine in its input: z(x) = G(x) / s + beta, with G linear (centring, the norm's
+    weight, the unembedding) and beta = z(0) at scale 1 (the norm's and the unembedding's biases). For x = resid + dx
+    with clean z0 = G(resid) / s0 + beta: direct (s frozen at s0) z0 + G(dx) / s0; total (s' the scale of x)
+    r z0 + (1 - r) beta + G(dx) / s', r = s0 / s'. The write dx is c w_out (c per position): G(dx) = c G(w_out), one
+    head pass of a single vector per neuron; through a post-MLP RMSNorm it is g * (a h + b w_out) (``PostNorm``),
+    so G(dx) = a G(g h) + b G(g w_out), with G(g h) one more head pass per batch. An ablation then costs
+    elementwise work instead of a [positions, d_model] x [d_model, vocab] product; c = 0 gives z0 exactly."""
 
-    def __init__(self, model, w_out: torch.Tensor):
+    def __init__(self, model, w_out: torch.Tensor, post: PostNorm | None):
         self.model, self.w_out, self.write = model, w_out, {}
+        self.post = None if post is None else (torch.tensor(post.gain, dtype=w_out.dtype, device=w_out.device),
+                                               post)
         zero = torch.zeros(1, 1, w_out.shape[1], dtype=w_out.dtype, device=w_out.device)
         self.beta = _head(model, zero, _unit_scale)[0, 0]
 
-    def g(self, j: int) -> torch.Tensor:
-        """G(w_out[j]): [vocab]."""
+    def g(self, vectors: torch.Tensor) -> torch.Tensor:
+        """G of residual vectors [..., d] -> [..., vocab]."""
+        shape = vectors.shape
+        flat = vectors.reshape(1, -1, shape[-1])
+        return (_head(self.model, flat, _unit_scale)[0] - self.beta).reshape(*shape[:-1], -1)
+
+    def g_neuron(self, j: int) -> torch.Tensor:
+        """G of neuron j's write per unit: w_out[j], or g * w_out[j] through a post-MLP norm: [vocab]."""
         if j not in self.write:
-            self.write[j] = _head(self.model, self.w_out[j][None, None], _unit_scale)[0, 0] - self.beta
+            w = self.w_out[j] if self.post is None else self.post[0] * self.w_out[j]
+            self.write[j] = self.g(w[None])[0]
         return self.write[j]
 
-    def logits(self, j: int, c: torch.Tensor, resid: torch.Tensor, clean: torch.Tensor, s0: torch.Tensor,
-               freeze_scale: bool) -> torch.Tensor:
-        """Logits [batch, pos, vocab] of resid + c w_out[j] (c: [batch, pos]), scale frozen at s0 or its own."""
-        c = c[..., None].to(clean.dtype)
+    def batch(self, h: torch.Tensor | None) -> torch.Tensor | None:
+        """G(g h) for a batch's MLP outputs h [b, pos, d] through a post-MLP norm (None without one)."""
+        return None if self.post is None else self.g(self.post[0] * h)
+
+    def logits(self, j: int, c: torch.Tensor, resid: torch.Tensor, z0: torch.Tensor, s0: torch.Tensor,
+               freeze_scale: bool, h: torch.Tensor | None = None, gh: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, pos, vocab] of resid + the write of c [batch, pos] on neuron j, scale frozen at s0 or its
+        own; ``h`` and ``gh`` (``batch``) where a post-MLP norm applies."""
+        w = self.w_out[j]
+        if self.post is None:
+            dx, gdx = c[..., None] * w, c[..., None].to(z0.dtype) * self.g_neuron(j)
+        else:
+            gain, post = self.post
+            a, b = post.coefficients(h, c[..., None], w[None])  # [batch, pos, 1] each
+            dx = gain * (a * h + b * w)
+            gdx = a.to(z0.dtype) * gh + b.to(z0.dtype) * self.g_neuron(j)
         if freeze_scale:
-            return clean + (c / s0) * self.g(j)
-        s = _scale_of(self.model, resid + c * self.w_out[j])
+            return _softcap(self.model, z0 + gdx / s0)
+        s = _scale_of(self.model, resid + dx)
         r = s0 / s
-        return r * clean + (1 - r) * self.beta + (c / s) * self.g(j)
+        return _softcap(self.model, r * z0 + (1 - r) * self.beta + gdx / s)
 
 
 @dataclass
 class AblationEffects:
-    """Per neuron, per prompt: summed changes ``{total,direct}_{entropy,loss,final}`` (bits) from mean ablation, and
-    how they were computed: ``head`` (final norm and unembedding rerun on the edited residual) or ``full`` passes."""
+    """Per neuron, per prompt: summed changes ``{total,direct}_{entropy,loss,final}`` (bits) from mean ablation and
+    ``{total,direct}_abs_loss`` (summed |change of the loss|), and how they were computed: ``head`` (the final norm
+    and unembedding's affine form on the edited residual), ``post`` (the same through a post-MLP norm) or ``full``
+    passes (``PATHS``)."""
 
     per_neuron: dict[int, dict[str, np.ndarray]]
     path: str
@@ -334,21 +472,23 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                      label_tokens: Sequence[int] | None = None, batch_size: int | None = None,
                      progress: bool = True) -> AblationEffects:
     """Mean-ablate each neuron of ``neurons`` alone; per neuron and per prompt, the summed change of entropy over all
-    positions, of the loss over positions with a next token and of the final position's entropy, for the ``total``
-    run and the ``direct`` run (final-norm scale frozen at its clean value); with ``label_tokens`` also ``label``,
-    the change of the final position's entropy renormalised over them (the distribution a wind tunnel is trained
-    and scored on). ``clean`` is ``final_norm_run``'s output for the same prompts and label tokens (computed when
-    absent).
+    positions, of the loss (and its absolute value) over positions with a next token and of the final position's
+    entropy, for the ``total`` run and the ``direct`` run (final-norm scale frozen at its clean value); with
+    ``label_tokens`` also ``label``, the change of the final position's entropy renormalised over them (the
+    distribution a wind tunnel is trained and scored on). ``clean`` is ``final_norm_run``'s output for the same
+    prompts and label tokens (computed when absent).
 
     In the last layer the neuron writes straight into the final residual, so the ablated residual is the clean one
-    plus (mean - activation) w_out, and its logits follow from the clean ones through the head's affine form
-    (``_RankOneHead``: elementwise work per ablation, one unembedding per batch). Full hooked passes check that
-    shortcut for the first neuron on the first batch, and every pass is a full one if it does not hold, as for a
-    model with a norm after its MLP. Other layers rerun the whole model with the ablation hooked on ``hook_post``."""
+    plus the write of c = mean - activation, and its logits follow from the clean ones through the head's affine
+    form (``_AffineHead``: elementwise work per ablation, one or two unembeddings per batch), through a post-MLP
+    RMSNorm too, and a soft cap after it. Full hooked passes check that shortcut for the first neuron on the first
+    batch, and every pass is a full one if it does not hold. Other layers rerun the whole model with the ablation
+    hooked on ``hook_post``."""
     from tqdm.auto import tqdm
 
     idx = _layer(model, layer)
     last = idx == model.cfg.n_layers - 1
+    post = post_mlp_norm(model, idx)
     if clean is None or (last and "head_inputs" not in clean):
         clean = final_norm_run(model, prompts, layer=idx, label_tokens=label_tokens, batch_size=batch_size,
                                keep_head_inputs=last)
@@ -357,7 +497,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     token_ids, batches = clean["token_ids"], clean["batches"]
     device = next(model.parameters()).device
     labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
-    metrics = ("entropy", "loss", "final") + (("label",) if labels is not None else ())
+    metrics = ("entropy", "loss", "final", "abs_loss") + (("label",) if labels is not None else ())
     means = torch.tensor(clean["means"], device=device)
     w_out = model.blocks[idx].mlp.W_out.detach()  # [d_mlp, d_model]
     n = len(token_ids)
@@ -365,12 +505,13 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     head_only = last
     bar = tqdm(total=len(neurons) * len(batches), desc="ablations", disable=not progress)
     with _quiet_scale_edits():
-        head = _RankOneHead(model, w_out) if last else None
+        head = _AffineHead(model, w_out, post) if last else None
         for step, (b, frozen) in enumerate(zip(batches, clean["scale_tensors"])):
             ids = torch.tensor([token_ids[i] for i in b], device=device)
             if head_only:
-                resid, post = clean["head_inputs"][step]
-                clean_logits = _head(model, resid, lambda t, hook: t.clone())  # the clean run's arithmetic
+                resid, act, h = clean["head_inputs"][step]
+                z0 = _head(model, resid, lambda t, hook: t.clone())  # the clean run's arithmetic
+                gh = head.batch(h)
             for j in neurons:
                 ablate = (POST_HOOK.format(layer=idx), _ablate([j], means[[j]]))
                 for cond, scale_hook in (("total", lambda t, hook: t.clone()),
@@ -380,8 +521,8 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                         with model.hooks(fwd_hooks=[ablate, (SCALE_HOOK, scale_hook)]):
                             full = model(ids)
                     if head_only:
-                        logits = head.logits(j, means[j] - post[..., j], resid, clean_logits, frozen,
-                                             freeze_scale=cond == "direct")
+                        logits = head.logits(j, means[j] - act[..., j], resid, z0, frozen,
+                                             freeze_scale=cond == "direct", h=h, gh=gh)
                         if full is not None and not torch.allclose(logits, full, rtol=1e-4, atol=1e-4):
                             head_only = False  # the shortcut does not hold for this model: full passes from now on
                             logits = full
@@ -390,62 +531,54 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                     stats = _batch_stats(logits, ids, labels)
                     for r, i in enumerate(b):
                         dh = as_float64(stats["entropy"][r]) - clean["entropy"][i]
+                        dl = as_float64(stats["loss"][r]) - clean["loss"][i]
                         out[int(j)][f"{cond}_entropy"][i] = dh.sum()
                         out[int(j)][f"{cond}_final"][i] = dh[-1]
-                        out[int(j)][f"{cond}_loss"][i] = (as_float64(stats["loss"][r]) - clean["loss"][i]).sum()
+                        out[int(j)][f"{cond}_loss"][i] = dl.sum()
+                        out[int(j)][f"{cond}_abs_loss"][i] = np.abs(dl).sum()
                         if labels is not None:
                             out[int(j)][f"{cond}_label"][i] = (_label_entropy(stats["label_logprobs"][r])
                                                                - clean["label_entropy"][i])
                 bar.update(1)
     bar.close()
-    return AblationEffects(out, "head" if head_only else "full")
-
-
-def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng) -> tuple[float, list[float]]:
-    """Token-weighted mean sum(num) / sum(den) over prompts, with a bootstrap interval over prompts."""
-    boots = []
-    for _ in range(n_boot):
-        i = rng.integers(0, len(num), len(num))
-        boots.append(num[i].sum() / max(den[i].sum(), 1))
-    a = (1 - CI_LEVEL) / 2
-    return float(num.sum() / max(den.sum(), 1)), [float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))]
+    return AblationEffects(out, ("head" if post is None else "post") if head_only else "full")
 
 
 def summarize_effects(effects: AblationEffects, clean: dict, *, n_boot: int = 1000, seed: int = 0) -> dict[int, dict]:
-    """Per neuron: mean change per token (entropy, loss) or per prompt (final entropy, label entropy), total /
-    direct / mediated, with bootstrap intervals over prompts, and the fraction of each effect mediated by the norm,
-    1 - |direct| / |total| (Stolfo et al.)."""
+    """Per neuron: mean change per token (entropy, loss, |loss change|) or per prompt (final entropy, label
+    entropy), total / direct / mediated, with bootstrap intervals over prompts, and the fraction of each effect
+    mediated by the norm, 1 - |direct| / |total| (Stolfo et al.; on ``abs_loss`` their own measure, the mean
+    absolute change of the loss per token)."""
     rng = np.random.default_rng(seed)
     counts = dict(entropy=np.array([len(h) for h in clean["entropy"]], dtype=float),
                   loss=np.array([len(x) for x in clean["loss"]], dtype=float), final=np.ones(len(clean["entropy"])),
                   label=np.ones(len(clean["entropy"])))
+    counts["abs_loss"] = counts["loss"]
     out = {}
     for j, e in effects.per_neuron.items():
         s = {}
         for m in [m for m in counts if f"total_{m}" in e]:
             for cond in ("total", "direct"):
-                s[f"{cond}_{m}"], s[f"{cond}_{m}_ci"] = _ratio_ci(e[f"{cond}_{m}"], counts[m], n_boot, rng)
-            s[f"mediated_{m}"], s[f"mediated_{m}_ci"] = _ratio_ci(e[f"total_{m}"] - e[f"direct_{m}"], counts[m],
-                                                                n_boot, rng)
+                s[f"{cond}_{m}"], s[f"{cond}_{m}_ci"] = bootstrap_ratio(e[f"{cond}_{m}"], counts[m],
+                                                                        n_boot=n_boot, seed=rng)
+            s[f"mediated_{m}"], s[f"mediated_{m}_ci"] = bootstrap_ratio(e[f"total_{m}"] - e[f"direct_{m}"],
+                                                                        counts[m], n_boot=n_boot, seed=rng)
             total = abs(s[f"total_{m}"])
             s[f"mediated_fraction_{m}"] = 1 - abs(s[f"direct_{m}"]) / total if total > 0 else float("nan")
         out[j] = s
     return out
 
 
-def _percentile(values: np.ndarray, x: float) -> float:
-    return float(np.mean(values <= x))
-
-
-EFFECT_KEYS = ("total_entropy", "direct_entropy", "mediated_entropy", "total_loss", "direct_loss", "mediated_loss",
-               "total_final", "direct_final", "mediated_final")
-LABEL_EFFECT_KEYS = ("total_label", "direct_label", "mediated_label")  # with label tokens
+MEASURES = ("entropy", "loss", "final", "abs_loss")
+LABEL_MEASURES = ("label",)  # with label tokens
+UNITS = dict(entropy="bits per token", loss="bits per token", abs_loss="bits per token (|change|)",
+             final="bits per prompt (final token)", label="bits per prompt (final token, over the label tokens)")
 
 
 @dataclass
 class EntropyNeuronReport:
-    """Candidates ranked by null-space write, their scores against all neurons of the layer, and their mean-ablation
-    effects beside those of random neurons of the same layer."""
+    """Candidates ranked by rho (the authors' ranking), their scores against all neurons of the layer, and each
+    one's mean-ablation effects beside those of random neurons of the same layer."""
 
     layer: int
     null_space: dict
@@ -454,42 +587,42 @@ class EntropyNeuronReport:
     distribution: dict  # quantiles of each score over all neurons
     n_prompts: int
     n_tokens: int
-    ablation_path: str  # "head" or "full" (``AblationEffects``)
+    ablation_path: str  # "head", "post" or "full" (``AblationEffects``, ``PATHS``)
+    write: str = "W_out"  # what the scores are of: "W_out" or "measured" (``neuron_scores``)
     scores: dict = field(default_factory=dict, repr=False)  # score -> [d_mlp] list
 
-    def group(self, key: str) -> dict:
-        """Mean of an effect over the candidates, beside the random neurons' mean and 95% range."""
-        cand = np.array([c["effects"][key] for c in self.candidates])
-        rand = np.array([r["effects"][key] for r in self.random])
-        a = (1 - CI_LEVEL) / 2
-        return dict(candidates=float(cand.mean()), random_mean=float(rand.mean()) if len(rand) else float("nan"),
-                    random_range=[float(np.quantile(rand, a)), float(np.quantile(rand, 1 - a))] if len(rand)
-                    else [float("nan")] * 2, n_candidates=len(cand), n_random=len(rand))
+    def random_range(self, key: str) -> list[float]:
+        """The random neurons' 2.5-97.5% range of one effect (NaN without random neurons)."""
+        rand = np.array([r["effects"][key] for r in self.random], dtype=float)
+        return interval(rand)
 
     def rows(self) -> list[Row]:
-        """Tidy rows: the null space's chance rho, each candidate's rho and norm against the distribution over all
-        neurons (2.5-97.5%), its ablation effects with bootstrap intervals, and the candidates' mean effects against
-        the random neurons' range."""
-        unit = dict(entropy="bits per token", loss="bits per token", final="bits per prompt (final token)",
-                    label="bits per prompt (final token, over the label tokens)")
-        keys = EFFECT_KEYS + (LABEL_EFFECT_KEYS if "total_label" in self.candidates[0]["effects"] else ())
-        out = [Row("null_space_chance_rho", self.null_space["chance_rho"], "fraction of |w|^2", dict(layer=self.layer),
-                   n=self.null_space["k"], note="the rho of a random direction: k / d_model")]
+        """Tidy rows: the null space's chance rho; per candidate its rho and norm against the distribution over all
+        neurons (2.5-97.5%), and each ablation effect (total, direct, norm-mediated; bootstrap intervals over
+        prompts) and its share through the norm, 1 - |direct| / |total|, each against the random neurons' range.
+        Scope: layer, neuron, rank, and ``path``, which computation ran (``PATHS``)."""
+        measures = MEASURES + (LABEL_MEASURES if "total_label" in self.candidates[0]["effects"] else ())
+        write = "write (measured through the post-MLP norm)" if self.write == "measured" else "w_out"
+        out = [Row("null_space_chance_rho", self.null_space["chance_rho"], "fraction of |w|", dict(layer=self.layer),
+                   n=self.null_space["k"], note="the root-mean-square rho of a random direction: sqrt(k / d_model)")]
+        nulls = f"{len(self.random)} random neurons, 95%"
         for rank, c in enumerate(self.candidates, 1):
             scope = dict(layer=self.layer, neuron=c["neuron"], rank=rank)
-            for score, u in (("rho", "fraction of |w|^2"), ("norm", "|w_out|")):
+            for score, u in (("rho", "fraction of |w|"), ("norm", f"|{write}|")):
                 d = self.distribution[score]
                 out.append(Row(f"neuron_{score}", c[score], u, dict(scope), null_low=d["q025"], null_high=d["q975"],
-                               null="all neurons of the layer, 2.5-97.5%"))
-            for key in keys:
-                e = c["effects"]
-                out.append(Row(f"ablation_{key}", e[key], unit[key.split("_")[1]], dict(scope), e[f"{key}_ci"][0],
-                               e[f"{key}_ci"][1], "bootstrap 95%", n=self.n_prompts))
-        for key in keys:
-            g = self.group(key)
-            out.append(Row(f"ablation_{key}_candidates_mean", g["candidates"], unit[key.split("_")[1]],
-                           dict(layer=self.layer), null_low=g["random_range"][0], null_high=g["random_range"][1],
-                           null=f"{g['n_random']} random neurons", n=g["n_candidates"]))
+                               null="all neurons of the layer, 2.5-97.5%", note=f"of the {write}"))
+            e, ablation = c["effects"], dict(scope, path=self.ablation_path)
+            for m in measures:
+                for effect in ("total", "direct", "mediated"):
+                    key = f"{effect}_{m}"
+                    lo, hi = self.random_range(key)
+                    out.append(Row(f"ablation_{key}", e[key], UNITS[m], dict(ablation), e[f"{key}_ci"][0],
+                                   e[f"{key}_ci"][1], "bootstrap 95%", lo, hi, nulls, n=self.n_prompts))
+                lo, hi = self.random_range(f"mediated_fraction_{m}")
+                out.append(Row(f"ablation_mediated_fraction_{m}", e[f"mediated_fraction_{m}"],
+                               "fraction (1 - |direct| / |total|)", dict(ablation), null_low=lo, null_high=hi,
+                               null=nulls, n=self.n_prompts))
         return out
 
 
@@ -498,38 +631,41 @@ def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random
                     batch_size: int | None = None, n_boot: int = 1000, progress: bool = True) -> EntropyNeuronReport:
     """Find and test entropy-neuron candidates in ``layer``'s MLP (default the last).
 
-    Candidates are the ``top_n`` neurons with the largest null-space write sqrt(rho) |w_out|; each is mean-ablated
-    alone on ``prompts`` (texts or token ids), as are ``n_random`` other neurons drawn with ``seed``, and the total,
-    direct (final-norm scale frozen) and norm-mediated effects on entropy and loss (and, with ``label_tokens``, on
-    the final position's entropy over them) are reported with bootstrap intervals over prompts. ``null``: the null
-    space to rank by (default ``unembedding_null_space(model, null_dim)``). Works for LayerNorm and RMSNorm models.
+    Candidates are the ``top_n`` neurons with the largest rho = |V0^T w| / |w| (the authors' ranking; w the write,
+    measured where a post-MLP norm applies); each is mean-ablated alone on ``prompts`` (texts or token ids), as are
+    ``n_random`` other neurons drawn with ``seed``, and the total, direct (final-norm scale frozen) and
+    norm-mediated effects on entropy and loss (and, with ``label_tokens``, on the final position's entropy over
+    them) are reported per neuron with bootstrap intervals over prompts. ``null``: the null space to rank by
+    (default ``unembedding_null_space(model, null_dim)``). Works for LayerNorm and RMSNorm models, with or without
+    a norm after the MLP.
     """
     idx = _layer(model, layer)
     null = null or unembedding_null_space(model, null_dim)
-    scores = neuron_scores(model, idx, null)
-    order = np.argsort(-scores["null_norm"], kind="stable")
+    post = post_mlp_norm(model, idx)
+    clean = final_norm_run(model, prompts, layer=idx, label_tokens=label_tokens, batch_size=batch_size,
+                           keep_head_inputs=idx == model.cfg.n_layers - 1 or post is not None)
+    scores = neuron_scores(model, idx, null, clean=clean)
+    write = scores.pop("write")
+    order = np.argsort(-scores["rho"], kind="stable")
     cands = order[:top_n].tolist()
     rng = np.random.default_rng(seed)
     rest = np.setdiff1d(np.arange(len(order)), cands)
     rand = sorted(rng.choice(rest, size=min(n_random, len(rest)), replace=False).tolist())
-    clean = final_norm_run(model, prompts, layer=idx, label_tokens=label_tokens, batch_size=batch_size,
-                           keep_head_inputs=idx == model.cfg.n_layers - 1)
     ablations = ablation_effects(model, prompts, cands + rand, layer=idx, clean=clean, label_tokens=label_tokens,
                                  batch_size=batch_size, progress=progress)
     effects = summarize_effects(ablations, clean, n_boot=n_boot, seed=seed)
 
     def describe(j: int) -> dict:
-        d = dict(neuron=int(j), **{s: float(v[j]) for s, v in scores.items()},
-                 percentile={s: _percentile(v, v[j]) for s, v in scores.items()},
-                 mean_activation=float(clean["means"][j]), effects=effects[j])
-        return d
+        return dict(neuron=int(j), **{s: float(v[j]) for s, v in scores.items()},
+                    percentile={s: percentile_of(v[j], v) for s, v in scores.items()},
+                    mean_activation=float(clean["means"][j]), effects=effects[j])
 
-    dist = {s: dict(median=float(np.median(v)), q025=float(np.quantile(v, 0.025)),
-                    q975=float(np.quantile(v, 0.975)), max=float(v.max())) for s, v in scores.items()}
+    dist = {s: dict(zip(("q025", "q975"), interval(v)), median=float(np.median(v)), max=float(v.max()))
+            for s, v in scores.items()}
     return EntropyNeuronReport(layer=idx, null_space=null.summary(), candidates=[describe(j) for j in cands],
                                random=[describe(j) for j in rand], distribution=dist, n_prompts=len(clean["token_ids"]),
                                n_tokens=int(sum(map(len, clean["token_ids"]))), ablation_path=ablations.path,
-                               scores={s: v.tolist() for s, v in scores.items()})
+                               write=write, scores={s: v.tolist() for s, v in scores.items()})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -572,9 +708,8 @@ def frequency_neurons(model, counts, *, layer: int = -1, top_n: int = 10, min_co
     null = corr(_effective(rng.standard_normal((n_random, u.shape[0])), centred))
     best, *_ = np.linalg.lstsq(u.T, z, rcond=None)
     top = np.argsort(-np.abs(r), kind="stable")[:top_n]
-    a = (1 - CI_LEVEL) / 2
     return dict(layer=idx, n_tokens_seen=int(len(seen)), n_token_count=int(counts.sum()), min_count=min_count,
-                top=[dict(neuron=int(j), r=float(r[j]), abs_percentile=_percentile(np.abs(r), abs(r[j])))
+                top=[dict(neuron=int(j), r=float(r[j]), abs_percentile=percentile_of(abs(r[j]), np.abs(r)))
                      for j in top],
-                null_range=[float(np.quantile(null, a)), float(np.quantile(null, 1 - a))], n_random=n_random,
+                null_range=interval(null), n_random=n_random,
                 ceiling_r=correlations(u.T @ best, z)["pearson"], all_r=r.tolist())

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from interp_bayes.martingale import (Context, bijection_contexts, bijection_setup, martingale_gap, martingale_test,
-                                     model_predictor, order_sensitivity, sula_contexts, sula_setup)
+from interp_bayes.martingale import (FLOAT_FLOOR, NULLS, Context, bijection_contexts, bijection_setup,
+                                     debiased_gap_bits, martingale_gap, martingale_test, model_predictor,
+                                     order_sensitivity, sula_contexts, sula_setup)
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.icl import SULATask, posterior_label1
 
@@ -45,8 +46,10 @@ def test_the_exact_bayesian_predictor_has_no_order_effect_and_gap_zero():
     contexts = sula_contexts(TASK, seed=3)
     report = martingale_test(None, SETUP, contexts, predictor=SETUP.exact, n_null=5, n_boot=50)
     for entry in report.per_k:
-        for stat in ("kl_bits", "tv", "drift_top"):
+        for stat in ("debiased_bits", "kl_bits", "tv", "drift_top"):
             assert abs(entry[stat]["mean"]) < 1e-12
+            assert max(abs(x) for x in entry[f"exact_{stat}"]["range"]) < 1e-12
+        for stat in ("debiased_bits", "kl_bits", "drift_top"):  # its own null: no noise, nothing to test against
             assert max(abs(x) for x in entry[f"null_{stat}"]["range"]) < 1e-12
         if entry["k"] >= 2:
             assert entry["js_bits"]["mean"] < 1e-12 and entry["top_sd"]["mean"] < 1e-12
@@ -67,7 +70,7 @@ def test_a_permutation_invariant_non_bayesian_predictor_has_the_closed_form_gap(
     contexts = sula_contexts(TASK, seed=3, ks=(1, 2))
     report = martingale_test(None, SETUP, contexts, predictor=latent_posterior, n_null=5, n_boot=200)
     for entry in report.per_k:
-        assert entry["kl_bits"]["ci"][0] > entry["null_kl_bits"]["range"][1]  # separated from the exact null
+        assert entry["kl_bits"]["ci"][0] > entry["null_kl_bits"]["range"][1]  # separated from its martingale null
         if entry["k"] >= 2:
             assert entry["js_bits"]["mean"] == 0.0
 
@@ -117,6 +120,111 @@ def test_sampled_exact_null_is_zero_up_to_monte_carlo_error():
         lo, hi = entry["null_drift_top"]["range"]
         assert lo < 0 < hi and entry["kl_bits"]["mean"] > 0  # the plug-in KL is biased up by sampling noise
         assert entry["null_kl_bits"]["range"][0] <= entry["kl_bits"]["mean"] <= entry["null_kl_bits"]["range"][1]
+        assert entry["exact_kl_bits"]["range"][0] <= entry["kl_bits"]["mean"] <= entry["exact_kl_bits"]["range"][1]
+
+
+BIJECTION = BijectionTask()
+BIJ_SETUP = bijection_setup(BIJECTION)
+
+
+def flatter(lam: float, favourite: float = 0.0):
+    """(1 - lam - favourite) exact + lam uniform over every value (revealed ones too) + favourite on the smallest
+    unrevealed value. With favourite = 0 a martingale (a fixed mixture of the exact predictive and a constant; an
+    already revealed value drawn from the uniform part reveals nothing new) whose draws move less than the exact
+    predictor's; with favourite > 0 over-confident in one value, and not a martingale."""
+    def predict(contexts):
+        e = BIJ_SETUP.exact(contexts)
+        out = (1 - lam - favourite) * e + lam / BIJECTION.n_symbols
+        out[np.arange(len(e)), (e > 0).argmax(1)] += favourite
+        return out
+    return predict
+
+
+def gap_rows(predictor, n_draws: int, seed: int = 42):
+    contexts = bijection_contexts(BIJECTION, ks=(1, 5, 10, 15), per_k=40, seed=seed)
+    report = martingale_test(None, BIJ_SETUP, contexts, predictor=predictor, n_draws=n_draws, n_null=10,
+                             n_boot=500, seed=seed)
+    return report, {(r.metric, r.scope["k"]): r for r in report.rows()}
+
+
+def test_debiased_gap_is_the_mean_over_pairs_of_distinct_draws():
+    rng = np.random.default_rng(0)
+    nxt, same = rng.dirichlet(np.ones(5), size=(3, 4)), rng.dirichlet(np.ones(5), size=(3, 4))
+    today = rng.dirichlet(np.ones(5), size=3)
+    got = debiased_gap_bits(nxt, same, today)
+    d = nxt - same
+    for i in range(3):
+        pairs = [np.sum(d[i, j] * d[i, l] / today[i]) for j in range(4) for l in range(4) if j != l]
+        assert got[i] == pytest.approx(np.mean(pairs) / (2 * math.log(2)), rel=1e-12)
+    # a martingale's draws average to m0: over many draws the plug-in KL stays biased up, the debiased gap does not
+    contexts = bijection_contexts(BIJECTION, ks=(5,), per_k=40, seed=1)
+    gap = martingale_gap(BIJ_SETUP.exact, contexts, BIJ_SETUP, n_draws=64, seed=3)
+    se = gap["debiased_bits"].std(ddof=1) / math.sqrt(len(contexts))
+    assert abs(gap["debiased_bits"].mean()) < 3 * se < 0.2 * gap["kl_bits"].mean()
+    assert math.isnan(debiased_gap_bits(nxt[:, :1], same[:, :1], today)[0])  # one draw: no pair
+    with pytest.raises(ValueError, match="n_draws >= 2"):
+        martingale_test(None, BIJ_SETUP, contexts, predictor=BIJ_SETUP.exact, n_draws=1)
+
+
+def test_a_flatter_martingale_is_within_its_own_null_and_below_the_exact_predictors_band():
+    """The issue's case: the exact predictor's band is its own Monte-Carlo bias; a flatter martingale moves less per
+    draw, so its plug-in gap sat below that band at every k. Against its own draws it is never flagged, and its
+    debiased gap is within 3 standard errors of 0 at every k (the band is 1.96 of them; either tail holds 2.5% of
+    the draws: 0-3% above and 2-5% below over 60 seeds per k, measured)."""
+    report, rows = gap_rows(flatter(0.3), n_draws=16)
+    for k in (1, 5, 10, 15):  # its band is at its own noise level (the exact predictor's was twice as high)
+        gap = rows[("martingale_gap_kl_bits", k)]
+        assert gap.null_low <= 1.25 * gap.value and gap.verdict() != "above null"
+    for entry in report.per_k:
+        k = entry["k"]
+        assert entry["kl_bits"]["mean"] < entry["exact_kl_bits"]["range"][0]  # the old null: "below null"
+        for stat in ("kl_bits", "debiased_bits", "drift_top"):
+            assert rows[(f"martingale_gap_{stat}", k)].verdict() != "above null", (stat, k)
+        debiased = rows[("martingale_gap_debiased_bits", k)]
+        assert abs(debiased.value) < 3 / 1.96 * max(-debiased.null_low, debiased.null_high)
+        shift = entry["null_kl_bits"]["value"]  # where its plug-in gap sits as a martingale: its own noise level
+        assert shift == pytest.approx(entry["kl_bits"]["mean"], rel=0.25) and shift < entry["exact_kl_bits"]["value"]
+
+
+def test_an_over_confident_flatter_predictor_is_flagged_where_the_exact_band_missed_it():
+    """Flatter overall but 5% too sure of one value: its plug-in gap is below the exact predictor's band at every k
+    (the old null called it Bayesian); its own null flags the gap at 3 of 4 k and the drift of its favourite at
+    every k (power: the gap at k = 1, 0.0007 bits, is inside its band's half-width 0.0009 with 16 draws)."""
+    report, rows = gap_rows(flatter(0.5, favourite=0.05), n_draws=16)
+    flagged = [k for k in (1, 5, 10, 15) if rows[("martingale_gap_kl_bits", k)].verdict() == "above null"]
+    assert flagged == [5, 10, 15]
+    assert all(rows[("martingale_gap_debiased_bits", k)].verdict() == "above null" for k in flagged)
+    for entry in report.per_k:
+        assert entry["kl_bits"]["mean"] < entry["exact_kl_bits"]["range"][0]
+        assert rows[("martingale_gap_drift_top", entry["k"])].verdict() == "below null"  # the favourite loses mass
+
+
+def tempered(t: float):
+    """The SULA next-label predictive sharpened to the power t: over-confident, order-free, not a martingale."""
+    def predict(contexts):
+        p = SETUP.exact(contexts) ** t
+        return p / p.sum(1, keepdims=True)
+    return predict
+
+
+def test_the_power_floor_an_over_confident_predictor_below_the_float_floor_at_k_ge_4():
+    """Tempered (t = 2) on SULA, labels enumerated and the word ignored: no Monte-Carlo noise, so the gap is its
+    closed form. It clears the null at k = 1 and 2 and falls under the float32 floor from k = 4 on: undetectable."""
+    contexts = sula_contexts(TASK, seed=3, ks=(1, 2, 4, 8))
+    pred = tempered(2.0)
+    gap = martingale_gap(pred, contexts, SETUP, n_draws=2, seed=0)
+    for i, c in enumerate(contexts):  # the closed form: the next label enumerated with the predictor's own weights
+        p = pred([c])[0]
+        up = [pred([Context(c.examples + ((c.query, o),), c.query)])[0] for o in (0, 1)]
+        m = p[0] * up[0] + p[1] * up[1]
+        assert gap["kl_bits"][i] == pytest.approx(kl_bits(m, p), rel=1e-9, abs=1e-15)
+    report = martingale_test(None, SETUP, contexts, predictor=pred, n_draws=2, n_null=3, n_boot=200)
+    for r in report.rows():
+        if r.metric in ("martingale_gap_kl_bits", "martingale_gap_debiased_bits"):
+            k = r.scope["k"]
+            assert r.verdict() == ("above null" if k <= 2 else "within null"), (r.metric, k, r.value)
+            if k >= 4:
+                assert r.value < 0.6 * FLOAT_FLOOR and r.null_high == FLOAT_FLOOR
 
 
 def test_model_predictor_matches_the_wind_tunnel_evaluation():
@@ -150,8 +258,9 @@ def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(t
     report = martingale_test(model, setup, sula_contexts(task), n_perms=3, n_draws=2, n_null=3, n_boot=50)
     assert [e["k"] for e in report.per_k] == [1, 2, 4]
     for entry in report.per_k:
-        assert entry["null_kl_bits"]["value"] == pytest.approx(0.0, abs=1e-12)
+        assert entry["exact_kl_bits"]["value"] == pytest.approx(0.0, abs=1e-12)
         assert entry["kl_bits"]["mean"] >= 0
     rows = report.rows()
-    assert {r.metric for r in rows} >= {"martingale_gap_kl_bits", "order_sensitivity_js_bits"}
-    assert all(r.null == "exact predictor, Monte-Carlo 95%" and "k" in r.scope for r in rows)
+    assert {r.metric for r in rows} >= {"martingale_gap_kl_bits", "martingale_gap_debiased_bits",
+                                        "order_sensitivity_js_bits"}
+    assert all(r.null == NULLS.get(r.metric.split("_", 2)[-1]) and "k" in r.scope for r in rows)

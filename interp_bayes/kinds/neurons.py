@@ -1,6 +1,8 @@
 """The rival to the value axis (Stolfo et al. 2024): entropy neurons, last-layer MLP neurons that write into the
-unembedding's effective null space and change entropy through the final norm's scale. Scores of every neuron,
-mean ablations of the top candidates beside random neurons (total, direct with the norm frozen, norm-mediated),
+unembedding's effective null space and change entropy through the final norm's scale. Scores of every neuron
+(the authors' null-space fraction |V0^T w| / |w| of the write, ranked by it), mean ablations of the top
+candidates, one row per neuron, beside random neurons (total, direct with the norm frozen, norm-mediated, and the
+share through the norm),
 token-frequency neurons, the value axis's overlap with the null space against random value directions, the
 final-norm scale's correlation with entropy (raw and deconfounded), and optionally the two mechanisms ablated side by
 side on the in-context task (docs/rivals.md).
@@ -14,6 +16,7 @@ neurons are sought, and the covariates include one indicator per query position 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,7 +45,6 @@ class EntropyNeuronsParams(Params):
     per_k: int = 50  # SULA: the prompts of the axis and of the scale-entropy correlation
     seed: int = 42
     covariates: tuple[str, ...] = ("length", "k", "log_k")
-    k_levels: bool | None = None  # also one indicator per k (removes every function of k); None: on a wind tunnel
     n_perm: int = 1000
     compare: bool = False  # also ablate both mechanisms side by side (slow on SmolLM2: minutes)
     n_controls: int = 5  # control draws of that comparison
@@ -99,7 +101,7 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
     axis = fit_entropy_axis(s.acts, -1, "pc1", folds=0, seed=ctx.config.seed)
     overlap = axis_null_overlap(model, axis.direction, axis.layer, null=null, n_random=p.n_random_directions,
                                 seed=p.seed)
-    rows.append(Row("axis_null_rho", overlap["rho"], "fraction of |r|^2", dict(layer=overlap["layer"]),
+    rows.append(Row("axis_null_rho", overlap["rho"], "fraction of |r|", dict(layer=overlap["layer"]),
                     null_low=overlap["random_range"][0], null_high=overlap["random_range"][1],
                     null=f"{overlap['n_random']} random value directions",
                     note=f"percentile {overlap['percentile']:.3f}; chance {overlap['chance_rho']:.4f}"))
@@ -112,7 +114,8 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
         rows += deconfounded_rows(scale[target]["deconfounded"], "corr_final_scale", dict(target=target,
                                                                                            prompts=s.name))
     data = dict(rho=report.scores.get("rho"), norm=report.scores.get("norm"),
-                candidates=[c["neuron"] for c in report.candidates], null_dim=null.k)
+                candidates=[c["neuron"] for c in report.candidates], null_dim=null.k, write=report.write,
+                ablation_path=report.ablation_path)
     if p.compare:
         neurons = [c["neuron"] for c in report.candidates]
         task = dict(k=s.cols["k"], latent=s.cols["latent"], bayes_entropy=s.cols["bayes_entropy"])
@@ -136,14 +139,25 @@ def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
                         + f" (all neurons 2.5-97.5%: {top[0].null_low:.3f}-{top[0].null_high:.3f}; chance "
                           f"{chance.value:.3f})", top[0].verdict()))
     measure, what, unit = (("label", "label entropy at the final token", "bits/prompt")  # a wind tunnel's readout
-                           if find(rows, "ablation_total_label_candidates_mean") is not None else
-                           ("entropy", "entropy", "bits/token"))
-    for effect, label in (("total", "total"), ("mediated", "norm-mediated")):
-        r = find(rows, f"ablation_{effect}_{measure}_candidates_mean")
-        if r is not None:
-            out.append(Line(f"{where}entropy-neuron ablation, {label} effect on {what} ({unit}, mean of candidates)",
-                            f"{r.value:+.4f} (random neurons {r.null_low:+.4f}, {r.null_high:+.4f})",
-                            r.verdict().replace("null", "random neurons")))
+                           if select(rows, "ablation_total_label") else ("entropy", "entropy", "bits/token"))
+    totals = sorted(select(rows, f"ablation_total_{measure}"), key=lambda r: r.scope["rank"])
+    if totals:  # one entry per neuron: a signed mean over candidates would let opposite effects cancel
+        shares = {r.scope["neuron"]: r.value for r in select(rows, f"ablation_mediated_fraction_{measure}")}
+        outside = [r for r in totals if r.verdict() != "within null"]
+        out.append(Line(f"{where}entropy-neuron ablation, total effect on {what} ({unit}) per candidate "
+                        f"(share through the norm; {totals[0].scope['path']} path)",
+                        "; ".join(f"{r.scope['neuron']}: {r.value:+.4f} ({shares.get(r.scope['neuron'], math.nan):.2f})"
+                                  for r in totals) + f" (random neurons {totals[0].null_low:+.4f}, "
+                                                     f"{totals[0].null_high:+.4f})",
+                        f"{len(outside)} of {len(totals)} outside the random neurons' range"))
+    absolute = sorted(select(rows, "ablation_total_abs_loss"), key=lambda r: r.scope["rank"])
+    if absolute and measure == "entropy":  # the authors' measure: mean |change of the loss| per token
+        shares = {r.scope["neuron"]: r.value for r in select(rows, "ablation_mediated_fraction_abs_loss")}
+        out.append(Line(f"{where}entropy-neuron ablation, mean |change of loss| per candidate (bits/token; share "
+                        "through the norm, 1 - |direct| / |total|: the authors' measure)",
+                        "; ".join(f"{r.scope['neuron']}: {r.value:.4f} ({shares.get(r.scope['neuron'], math.nan):.2f})"
+                                  for r in absolute) + f" (random neurons {absolute[0].null_low:.4f}, "
+                                                       f"{absolute[0].null_high:.4f})", ""))
     r = find(rows, "axis_null_rho")
     if r is not None:
         out.append(Line(f"{where}value axis L{r.scope['layer']} in the unembedding's null space (rho)",
@@ -182,13 +196,15 @@ def figures(probes) -> list[Figure]:
                                     marker=dict(size=11, color=COLOURS["true"], symbol="diamond"),
                                     text=[str(i) for i in sorted(cand)],
                                     hovertemplate="neuron %{text}<extra></extra>")])
-        fig.update_xaxes(title_text="|w_out|")
-        fig.update_yaxes(title_text="rho: fraction of |w_out|² in the unembedding's null space")
+        fig.update_xaxes(title_text="|w_out|" if d.get("write", "W_out") == "W_out" else
+                         "|write| per unit of activation (measured through the post-MLP norm)")
+        fig.update_yaxes(title_text="rho: |V0ᵀw| / |w|, the fraction of the write's norm in the null space")
         out.append(Figure(f"entropy-neurons-{p.name}", "Entropy neurons", layout(
             fig, f"Last-layer neurons: output norm against null-space fraction (null space of {d['null_dim']} "
                  "dimensions)"),
-            "Entropy neurons sit top right: large output norm mostly in the null space, so they change entropy "
-            "through the final norm rather than the logits' ranking."))
+            "Entropy neurons sit top right: a large write mostly in the null space, so they change entropy "
+            "through the final norm rather than the logits' ranking. Candidates are ranked by rho alone, as the "
+            "authors rank them."))
     return out
 
 
