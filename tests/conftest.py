@@ -58,6 +58,14 @@ def smollm2():
     return load_model("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def smollm2_f64(smollm2):
+    """SmolLM2 in float64: the reference arithmetic for ``testing.float32_spread`` (rounding-error bounds)."""
+    from interp_bayes.models import load_model
+
+    return load_model("smollm2-135m", dtype=torch.float64)
+
+
 def value_edit(hf, layer, proj):
     """Pre-multiply the value projection's output weights and bias of ``layer`` by ``proj`` (acting on hook_v's
     flattened [kv, d_head] space), in each family's own layout: the independent reference for hook edits."""
