@@ -56,6 +56,7 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
     # the null moves whole groups where it can (a wind tunnel's sequences, each row keeping its position), so the
     # shuffled target keeps the real one's structure within a group; otherwise it shuffles rows
     perms = group_permutations(groups, n_null, [seed, 1]) if groups is not None else None
+    null = NULL_WHOLE_GROUPS if perms is not None else NULL_ROWS
     if perms is None:
         perms = permutations(len(y), n_null, seed)
     targets = np.column_stack([y, y[perms].T])  # [n, 1 + n_null]
@@ -71,7 +72,13 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
             p_tr, p_te = residualize(p_tr, p_te, c_tr, c_te)
         ridge = RidgeBasis(x_tr, c_tr).fit(t_tr, alphas, per_target=True)
         pred[test], y_out[test], axis[test] = ridge.predict(x_te, c_te), t_te, p_te
-    return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=r2(y_out[:, 1:], pred[:, 1:]))
+    return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=r2(y_out[:, 1:], pred[:, 1:]), null=null)
+
+
+# the two shuffled-target nulls: a wind tunnel's moves whole sequences, each row keeping its position, so what
+# position alone explains decodes under the null too (the raw R² of the bijection's entropy is within it)
+NULL_ROWS = "shuffled target"
+NULL_WHOLE_GROUPS = "shuffled sequences (positions kept)"
 
 
 @dataclass
@@ -92,7 +99,7 @@ class DecodingCurve:
             scope = dict(reading=p["reading"], layer=p["layer"], adjust=p["adjust"], target=self.target)
             out.append(Row("decoding_r2", p["ridge_r2"], "R^2 (held-out)", dict(scope), p["ridge_r2_ci"][0],
                            p["ridge_r2_ci"][1], "bootstrap 95%", p["null_r2_range"][0], p["null_r2_range"][1],
-                           "shuffled target", self.n, note=p.get("reason")))
+                           p.get("null", NULL_ROWS), self.n, note=p.get("reason")))
             out.append(Row("axis_r", p["axis_r"], "Pearson r (held-out)", dict(scope), p["axis_r_ci"][0],
                            p["axis_r_ci"][1], "bootstrap 95%", n=self.n))
             out.append(Row("axis_share_of_decodable", p["axis_share"], "axis r^2 / ridge R^2", dict(scope), n=self.n))
@@ -158,7 +165,7 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                 null_range = interval(null)
                 decodable = held_r2 > max(0.0, null_range[1]) if len(null) else held_r2 > 0  # a ratio of noise
                 point.update(ridge_r2=held_r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci,
-                             null_r2_range=null_range,
+                             null_r2_range=null_range, null=fit["null"],
                              axis_share=float(axis_r**2 / held_r2) if decodable else float("nan"))
                 points.append(point)
     return DecodingCurve(target=target_name, points=points, folds=folds, n=len(y),
