@@ -108,6 +108,28 @@ def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None
         os.close(fd)  # releases the lock
 
 
+def claim_folder_lock(folder: str | Path) -> None:
+    """Create ``folder``'s lock file (``locks/folder.lock``): the first write of a run, so an unwritable folder is
+    refused before anything else is written."""
+    os.close(_lock_file(Path(folder), "folder"))
+
+
+def remove_if_unused(folder: str | Path) -> bool:
+    """Remove ``folder`` unless another process works in it (holds its folder lock, ``working_in``); whether it was
+    removed."""
+    import fcntl
+
+    fd = _lock_file(Path(folder), "folder")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
 def _is_temp(path: Path) -> bool:
     """A temporary file of an atomic write or folder of a stage being built: mkstemp's / mkdtemp's
     ``.<name>.<random>``."""
@@ -218,7 +240,7 @@ def building(final: str | Path) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
+    apply_umask(tmp)
     try:
         yield tmp
     except BaseException:

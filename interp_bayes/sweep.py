@@ -14,7 +14,6 @@ keys are its parameters, checked against the kind's parameter dataclass.
 from __future__ import annotations
 
 import html
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -27,8 +26,8 @@ from .errors import CacheError, ConfigError
 from .kinds import Kind, Params, get_kind
 from .prompts import package_data_dir
 from .results import Row, write_rows
-from .store import (MANIFEST, atomic_write_text, building, checked_name, content_key, environment, inside, read_json,
-                    seal, slug, stage_lock, unseal, warn, working_in, write_json)
+from .store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key, environment,
+                    inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in, write_json)
 
 PROBES_DIR = package_data_dir("probes")
 
@@ -375,9 +374,7 @@ def _create(folder: Path) -> Path | None:
     missing = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe_file = folder / "locks"
-        probe_file.mkdir(exist_ok=True)
-        os.close(os.open(probe_file / "folder.lock", os.O_RDWR | os.O_CREAT, 0o666))
+        claim_folder_lock(folder)
     except OSError as err:
         if missing is not None and missing.exists():
             shutil.rmtree(missing, ignore_errors=True)
@@ -394,16 +391,8 @@ def _holds_results(folder: Path) -> bool:
 def _remove_trace(folder: Path, created: Path) -> None:
     """Remove a run folder that this call created and that holds no result, unless another process works in it
     (it holds the folder lock), then the empty folders above it up to ``created``."""
-    import fcntl
-
-    fd = os.open(folder / "locks" / "folder.lock", os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not remove_if_unused(folder):
         return
-    finally:
-        os.close(fd)
-    shutil.rmtree(folder, ignore_errors=True)
     for parent in folder.parents:
         if created != parent and created not in parent.parents:
             break
