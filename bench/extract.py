@@ -32,7 +32,7 @@ N_PROMPTS, MIN_LEN, MAX_LEN = 64, 24, 48
 
 def bench_prompts(tokenizer) -> list[list[int]]:
     """64 token-id prompts of 24-48 tokens cut from the built-in prompt set (deterministic)."""
-    from interp_bayes.prompts import PROMPTS_DIR
+    from interp_bayes.core.prompts import PROMPTS_DIR
 
     texts = [json.loads(line)["text"] for line in (PROMPTS_DIR / "basic.jsonl").read_text().splitlines() if line]
     stream = [t for text in texts for t in tokenizer(text)["input_ids"]]
@@ -61,8 +61,8 @@ def measure_rss(name: str, threads: int, bare_hf: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
     import interp_bayes as ib
-    from interp_bayes.extract import length_batches
-    from interp_bayes.models import load_tokenizer, resolve
+    from interp_bayes.model.collect import length_batches
+    from interp_bayes.model.loading import load_tokenizer, resolve
 
     if bare_hf:
         model = AutoModelForCausalLM.from_pretrained(resolve(name)[0]).eval()
@@ -101,7 +101,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     import interp_bayes as ib
-    from interp_bayes.extract import final_logits, length_batches
+    from interp_bayes.model.collect import final_logits, length_batches
 
     model = ib.load_model(args.model)
     folder = ib.model_info(model).source

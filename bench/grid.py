@@ -28,9 +28,9 @@ os.environ.setdefault("RAY_worker_niceness", "0")  # Ray renices its workers to 
 
 import torch
 
-from interp_bayes.grid import run_grid
-from interp_bayes.models import load_model
-from interp_bayes.testing import TOY_PROBES, make_tiny_model, write_toy_recipes
+from interp_bayes.run.grid import run_grid
+from interp_bayes.model.loading import load_model
+from interp_bayes.model.testing import TOY_PROBES, make_tiny_model, write_toy_recipes
 
 def toy_grid(root: Path, work: int = 1) -> dict:
     """Two tiny models (Llama with GQA, GPT-NeoX) and the toy recipes under ``root``; the grid without ``out``."""

@@ -41,8 +41,8 @@ import time
 
 import torch
 
-from interp_bayes.extract import collect
-from interp_bayes.models import load_model
+from interp_bayes.model.collect import collect
+from interp_bayes.model.loading import load_model
 
 def timed(**kw):
     start = time.perf_counter()

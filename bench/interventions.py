@@ -2,7 +2,7 @@
 
 Models: SmolLM2-135M (offline) and a random-init Llama-architecture model of about 0.5B parameters (24 layers,
 d_model 896, 14 query / 2 key-value heads, MLP 4864, vocabulary 151,936: Qwen2.5-0.5B's shape; the time does not
-depend on the weights); ``--models`` also takes local HF folders. Protocol: the sweep's (``interp_bayes.sweep``):
+depend on the weights); ``--models`` also takes local HF folders. Protocol: the sweep's (``interp_bayes.run.sweep``):
 SULA prompts (per_k 50) split in halves by k, PC1 axes fitted per layer on one half, the 125 others evaluated; layer
 sets ``middle`` and ``spread5``; the four operators; value readings at every axis layer.
 
@@ -61,11 +61,11 @@ def llama_05b(tokenizer_folder: str, seed: int = 0):
 def protocol(model, name: str, seed: int = 0) -> dict:
     """The sweep's intervention protocol on SULA (the ``interventions`` kind): prompts, axes, fit values, task
     columns, label ids and the two layer sets."""
-    from interp_bayes.axis import fit_entropy_axis
-    from interp_bayes.config import SweepConfig
+    from interp_bayes.analyses.axis import fit_entropy_axis
+    from interp_bayes.run.config import SweepConfig
     from interp_bayes.kinds.common import sula, sula_task
     from interp_bayes.kinds.interventions import split_by_k
-    from interp_bayes.sweep import Context
+    from interp_bayes.run.sweep import Context
 
     # the activation cache lives in a fresh temporary folder: the name identifies the model there
     ctx = Context(Path(tempfile.mkdtemp(prefix="bench-interventions-")), SweepConfig(model=name, seed=seed, quiet=True),
@@ -107,8 +107,9 @@ def matmul_peak(model) -> float:
 
 def bench_model(model, name: str, args) -> dict:
     """Per layer set: median seconds per naive run, fast seconds for the recipe's edits, ratio and spread."""
-    from interp_bayes.interventions import OPS, run_interventions
-    from interp_bayes.sweep import load_probe
+    from interp_bayes.model.edits import OPS
+    from interp_bayes.analyses.interventions import run_interventions
+    from interp_bayes.run.sweep import load_probe
 
     t = time.perf_counter()
     proto = protocol(model, name)
@@ -173,7 +174,8 @@ def bench_model(model, name: str, args) -> dict:
 def time_full_protocol(model, name: str) -> None:
     """The whole protocol once on the fast path (20 + 20 + 3 draws, four operators, both layer sets), beside two
     naive runs for scale, as ``interventions_full`` would run it inside a sweep."""
-    from interp_bayes.interventions import FULL_CONTROLS, run_interventions, summarize
+    from interp_bayes.analyses.controls import FULL_CONTROLS
+    from interp_bayes.analyses.interventions import run_interventions, summarize
 
     proto = protocol(model, name)
     args = (model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"])

@@ -1,6 +1,6 @@
 """Benchmark: last-layer entropy-neuron ablations through the head's affine form against rerunning the head.
 
-``neurons.ablation_effects`` gets each ablated residual's logits from the clean ones (``neurons._RankOneHead``: one
+``analyses.neurons.ablation_effects`` gets each ablated residual's logits from the clean ones (``analyses.neurons._RankOneHead``: one
 unembedding per batch, elementwise work per ablation). The baseline, timed alternately in the same process, is
 what it did before: the final norm and the unembedding rerun on every ablated residual at every position. Both
 compute the same per-prompt effects (the maximum difference is printed). The sweep's setting: ``entropy_neurons``'
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def sweep_prompts(n_prompts: int = 96, seed: int = 42) -> list[str]:
     """The entropy_neurons probe's ablation prompts: its seeded sample of the default prompt pool."""
-    from interp_bayes.prompts import load_source
+    from interp_bayes.core.prompts import load_source
 
     texts = list(load_source("pool")["text"])
     return [texts[i] for i in sorted(np.random.default_rng(seed).choice(len(texts), n_prompts, replace=False))]
@@ -37,7 +37,7 @@ def sweep_prompts(n_prompts: int = 96, seed: int = 42) -> list[str]:
 @torch.no_grad()
 def rerun_head(model, clean: dict, neurons: list[int]) -> dict[int, dict[str, np.ndarray]]:
     """The baseline: the final norm and unembedding rerun on each ablated residual (total and direct)."""
-    from interp_bayes.neurons import _batch_stats, _head, _quiet_scale_edits
+    from interp_bayes.analyses.neurons import _batch_stats, _head, _quiet_scale_edits
 
     w_out = model.blocks[-1].mlp.W_out.detach()
     means = torch.tensor(clean["means"])
@@ -58,7 +58,7 @@ def rerun_head(model, clean: dict, neurons: list[int]) -> dict[int, dict[str, np
 
 
 def bench_model(model, name: str, repeats: int, n_prompts: int) -> None:
-    from interp_bayes.neurons import ablation_effects, final_norm_run
+    from interp_bayes.analyses.neurons import ablation_effects, final_norm_run
 
     prompts = sweep_prompts(n_prompts)
     rng = np.random.default_rng(0)

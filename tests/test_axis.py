@@ -5,8 +5,8 @@ import math
 import numpy as np
 import torch
 
-from interp_bayes.axis import EntropyAxis, fit_entropy_axis
-from interp_bayes.extract import Activations
+from interp_bayes.analyses.axis import EntropyAxis, fit_entropy_axis
+from interp_bayes.model.collect import Activations
 
 
 def fake_acts(x, y, dtype=torch.float32):

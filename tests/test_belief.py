@@ -9,10 +9,12 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from interp_bayes.belief import belief_probe, query_readings, simplex_belief, windtunnel_belief_probes
+from interp_bayes.stats.probe import belief_probe, simplex_belief
+from interp_bayes.model.collect import query_readings
+from interp_bayes.analyses.belief import windtunnel_belief_probes
 from interp_bayes.stats import ALPHAS, bootstrap_r2, cross_fitted_ridge, fit_ridge, r2
-from interp_bayes.errors import ConfigError
-from interp_bayes.models import load_model
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.model.loading import load_model
 from interp_bayes.windtunnel.configs import build_transformer, make_config, make_task
 from interp_bayes.windtunnel.train import save_folder
 

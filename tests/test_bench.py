@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from interp_bayes.models import load_model
+from interp_bayes.model.loading import load_model
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 

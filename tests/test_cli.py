@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from interp_bayes.cli import main
-from interp_bayes.config import ConfigError, SweepConfig
-from interp_bayes.results import find, select
-from interp_bayes.sweep import builtin_probes, load_probe, plan_sweep, run_sweep
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.core.results import find, select
+from interp_bayes.run.sweep import builtin_probes, load_probe, plan_sweep, run_sweep
 
 SMALL_PROBES = {  # the built-in recipes at toy sizes, for the 64-prompt basic set and a 2-layer model
     "mixed.yaml": dict(kind="manifold", per_bin=4, n_boot=30, n_null=10, n_resample=10),
@@ -76,9 +77,9 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
 
 def test_summary_is_rebuilt_from_the_tidy_table_alone(tiny_dirs, tmp_path, small_probes):
     """Every number of the summary comes from the rows: the summary of the rows as exported equals the report's."""
-    from interp_bayes.kinds import get_kind
+    from interp_bayes.core.registry import get_kind
     from interp_bayes.report.view import RunView
-    from interp_bayes.results import Row
+    from interp_bayes.core.results import Row
 
     run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), prompts="basic", quiet=True,
                                 probes=small_probes))
@@ -273,8 +274,8 @@ def test_config_yaml_with_flag_override(tmp_path):
 def test_set_overrides_recipe_parameters_key_by_key():
     """--set merges into the recipe (nested mappings key by key), changes the probe's cache key but not the run id,
     and refuses a probe the sweep does not run, a parameter the kind does not know and a malformed assignment."""
-    from interp_bayes.config import parse_set
-    from interp_bayes.sweep import _probes
+    from interp_bayes.run.config import parse_set
+    from interp_bayes.run.sweep import _probes
 
     overrides = parse_set(["interventions.controls.isotropic=3", "interventions.ops=[cut]"])
     assert overrides == {"interventions": {"controls": {"isotropic": 3}, "ops": ["cut"]}}

@@ -5,11 +5,11 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from interp_bayes.axis import cross_fitted_projections, fit_entropy_axis
-from interp_bayes.confounds import (covariate_matrix, deconfounded_correlation, fine_strata, nuisance_columns,
-                                    residualize, select_covariates)
-from interp_bayes.errors import ConfigError
-from interp_bayes.extract import Activations
+from interp_bayes.analyses.axis import cross_fitted_projections, fit_entropy_axis
+from interp_bayes.stats.confounds import covariate_matrix, nuisance_columns, select_covariates
+from interp_bayes.stats import deconfounded_correlation, fine_strata, residualize
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.model.collect import Activations
 
 
 def acts_of(x, y):

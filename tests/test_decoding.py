@@ -9,9 +9,10 @@ from sklearn.model_selection import KFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from interp_bayes.confounds import covariate_matrix, nuisance_columns
-from interp_bayes.decoding import ALPHAS, cross_fitted_decoding, decoding_curve
-from interp_bayes.extract import Activations
+from interp_bayes.stats.confounds import covariate_matrix, nuisance_columns
+from interp_bayes.stats import ALPHAS
+from interp_bayes.analyses.decoding import cross_fitted_decoding, decoding_curve
+from interp_bayes.model.collect import Activations
 
 
 def fake_acts(by_layer: dict[int, np.ndarray], entropy: np.ndarray) -> Activations:
@@ -88,8 +89,8 @@ def test_constant_reading_is_nan_with_a_reason_and_rows_are_tidy():
 
 
 def test_decoding_curve_on_a_tiny_model(tiny_dirs):
-    from interp_bayes.extract import collect
-    from interp_bayes.models import load_model
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["llama3"])
     texts = [f"the cat sat on the mat {i} " * (1 + i % 3) for i in range(30)]

@@ -6,12 +6,12 @@ from collections import namedtuple
 import pytest
 import torch
 
-from interp_bayes import models
-from interp_bayes.errors import (InterpBayesError, ModelLoadError, ModelNotFoundError, NonFiniteActivationError,
-                                 PromptError)
-from interp_bayes.extract import collect
-from interp_bayes.models import load_model
-from interp_bayes.testing import TINY_FAMILIES
+from interp_bayes.model import loading as models
+from interp_bayes.core.errors import (InterpBayesError, ModelLoadError, ModelNotFoundError, NonFiniteActivationError,
+    PromptError)
+from interp_bayes.model.collect import collect
+from interp_bayes.model.loading import load_model
+from interp_bayes.model.testing import TINY_FAMILIES
 
 
 def test_unknown_alias_lists_known_ones():
@@ -110,7 +110,7 @@ def test_unknown_layer_and_reading(tiny_dirs):
 def test_run_id_is_the_model_not_its_spelling(tiny_dirs, tmp_path, monkeypatch):
     import shutil
 
-    from interp_bayes.config import SweepConfig
+    from interp_bayes.run.config import SweepConfig
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_dirs["pythia"], folder)
@@ -145,7 +145,7 @@ def test_evaluate_windtunnel_takes_a_task_name():
 def test_prompt_sources_local_dataset_jsonl_and_offline_hub(tmp_path):
     from datasets import Dataset
 
-    from interp_bayes.prompts import load_source
+    from interp_bayes.core.prompts import load_source
 
     Dataset.from_dict(dict(body=["a b c", "d e f", ""], topic=["x", "y", "z"])).save_to_disk(str(tmp_path / "ds"))
     ds = load_source(dict(dataset=str(tmp_path / "ds"), column="body", domain_column="topic"))
@@ -164,7 +164,7 @@ def test_prompt_sources_local_dataset_jsonl_and_offline_hub(tmp_path):
 def test_result_files_respect_the_umask(tmp_path):
     import os
 
-    from interp_bayes.store import write_json
+    from interp_bayes.core.store import write_json
 
     old = os.umask(0o027)
     try:

@@ -6,9 +6,9 @@ import math
 import torch
 
 from conftest import load_hf
-from interp_bayes.extract import Activations, collect, length_batches, logit_entropy_bits
-from interp_bayes.models import load_model
-from interp_bayes.testing import float32_lambda, float32_spread
+from interp_bayes.model.collect import Activations, collect, length_batches, logit_entropy_bits
+from interp_bayes.model.loading import load_model
+from interp_bayes.model.testing import float32_lambda, float32_spread
 
 PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning with induction heads",
            "the cat sat", "hello world", "a b c d e f g", "def f(x): return x + 1", "the mat"]
@@ -18,7 +18,7 @@ PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "in context learning
 def _spread(folder, layers=(0, -1), readings=("v", "z", "resid"), label_tokens=None):
     """Mean-square float32 rounding error of each of ``collect``'s outputs on ``PROMPTS`` (readings as
     (name, layer >= 0) -> [n, dim], "entropy" [n], "logprobs" [n, vocab], "label_logprobs" [n, labels]), from a float64 copy of the tiny model
-    (``testing.float32_spread``): the scale of any two float32 evaluations' difference, whatever their kernels."""
+    (``model.testing.float32_spread``): the scale of any two float32 evaluations' difference, whatever their kernels."""
     b64 = load_model(folder, dtype=torch.float64)
     keys = [(name, layer % b64.cfg.n_layers) for name in readings for layer in layers]
 
@@ -32,7 +32,7 @@ def _spread(folder, layers=(0, -1), readings=("v", "z", "resid"), label_tokens=N
 
 def _within(diff, mean_square, lam):
     """Whether the float32 difference ``diff`` of two evaluations lies within lam * sqrt(2) * (its rounding
-    error's root-mean-square norm): the Hoeffding / Pinelis bound of ``testing.float32_spread``; returns the ratio
+    error's root-mean-square norm): the Hoeffding / Pinelis bound of ``model.testing.float32_spread``; returns the ratio
     too (printed on failure)."""
     bound = lam * math.sqrt(2) * mean_square.sum().sqrt().item()
     ratio = diff.double().norm().item() / bound
@@ -168,7 +168,7 @@ def test_text_is_tokenised_with_the_checkpoints_own_bos_policy(tiny):
 
 
 def test_smollm2_token_ids_and_logits_equal_hugging_face(smollm2, smollm2_f64):
-    from interp_bayes.models import model_info
+    from interp_bayes.model.loading import model_info
 
     text = "The capital of France is"
     ids, logits = _hf_reference(model_info(smollm2).source, text, smollm2)

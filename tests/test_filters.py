@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp_bayes.errors import ConfigError
+from interp_bayes.core.errors import ConfigError
 from interp_bayes.tasks.base import TaskBatch
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.filters import (
@@ -19,7 +19,7 @@ from interp_bayes.tasks.filters import (
     window_posterior,
 )
 from interp_bayes.tasks.hmm import HMMTask, mixing_times
-from interp_bayes.calibration import kl_bits
+from interp_bayes.stats.calibration import kl_bits
 from interp_bayes.windtunnel.evaluate import compare_with_baselines, paired_margin
 
 torch.set_num_threads(1)

@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from interp_bayes.extract import collect
-from interp_bayes.geometry import (attention_focusing, bootstrap_shares, key_orthogonality, key_orthogonality_null,
-                                   manifold_report, null_shares, participation_ratio, shares, spectrum)
+from interp_bayes.model.collect import collect
+from interp_bayes.analyses.focusing import attention_focusing
+from interp_bayes.stats.pca import (bootstrap_shares, key_orthogonality_null, null_shares, participation_ratio, shares,
+    spectrum)
+from interp_bayes.analyses.keys import key_orthogonality
+from interp_bayes.analyses.manifold import manifold_report
 
 
 def planted(n=300, d=40, a=3.0, noise=1.0, seed=0):
@@ -87,7 +90,7 @@ def test_key_orthogonality_against_direct_loop(tiny):
 
 
 def test_key_orthogonality_null_near_analytic_and_orthonormal_keys_score_zero(tiny_dirs):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     null = key_orthogonality_null(512, 16, n_draws=50)
     assert null["mean"] == pytest.approx(null["analytic"], rel=0.05)
@@ -116,7 +119,7 @@ def test_attention_entropy_reading_and_focusing(tiny):
 
 def test_resampled_interval_covers_a_fresh_set_where_the_bootstrap_is_biased():
     """n < d: bootstrap duplicates inflate the PC1 share; fresh draws from the pool do not."""
-    from interp_bayes.geometry import resample_shares
+    from interp_bayes.stats.pca import resample_shares
 
     rng = np.random.default_rng(11)
     pool = rng.standard_normal((800, 192))
@@ -131,7 +134,8 @@ def test_resampled_interval_covers_a_fresh_set_where_the_bootstrap_is_biased():
 
 def test_near_constant_inputs_give_nan_with_a_reason_not_noise():
     """At k = 1 the Bayes entropy is constant up to 3e-16: a correlation with it is one of rounding noise."""
-    from interp_bayes.geometry import correlations, is_constant
+    from interp_bayes.stats.pca import correlations
+    from interp_bayes.stats import is_constant
     from interp_bayes.tasks.icl import binary_entropy_bits, posterior_label1
 
     h = binary_entropy_bits(posterior_label1(np.array([1, 0, 1, 0]), np.array([0, 1, 0, 1])))
@@ -146,7 +150,7 @@ def test_near_constant_inputs_give_nan_with_a_reason_not_noise():
 def test_pca_falls_back_to_gesvd_when_gesdd_does_not_converge(monkeypatch):
     import numpy as np
 
-    from interp_bayes import geometry
+    from interp_bayes.stats import pca as geometry
 
     x = np.random.default_rng(0).normal(size=(30, 12))
     ratios, comps, scores = geometry.pca(x)

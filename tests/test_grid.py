@@ -20,13 +20,13 @@ import pytest
 import yaml
 
 from interp_bayes import cli
-from interp_bayes.config import SweepConfig
-from interp_bayes.errors import ConfigError, GridError
-from interp_bayes.grid import Grid, cell_resources, run_cell, run_grid
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.core.errors import ConfigError, GridError
+from interp_bayes.run.grid import Grid, cell_resources, run_cell, run_grid
 from interp_bayes.report.grid import CellView, build_grid_page, headline_rows, HEADLINES, scaling_figures
-from interp_bayes.store import stage_lock, working_in
-from interp_bayes.sweep import run_folder, run_sweep
-from interp_bayes.testing import TOY_PROBES, write_toy_recipes
+from interp_bayes.core.store import stage_lock, working_in
+from interp_bayes.run.sweep import run_folder, run_sweep
+from interp_bayes.model.testing import TOY_PROBES, write_toy_recipes
 
 PROBES = list(TOY_PROBES)  # toy sizes: every headline kind, a few seconds per cell
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -102,8 +102,8 @@ def test_cells_are_models_x_revisions_x_seeds(tmp_path):
 def test_revisions_enter_the_run_key_and_a_local_folder_refuses_one(tiny_dirs, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from interp_bayes.errors import ModelNotFoundError
-    from interp_bayes.models import load_model, model_identity
+    from interp_bayes.core.errors import ModelNotFoundError
+    from interp_bayes.model.loading import load_model, model_identity
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty HF cache, whatever this machine holds
     hub = "EleutherAI/pythia-70m"  # offline and not cached: the identity is the revision's name, marked unresolved
@@ -142,7 +142,7 @@ def test_unknown_executor_and_missing_ray_are_refused(make_grid, tmp_path, monke
 def test_cell_resources_follow_the_model_size():
     import torch
 
-    from interp_bayes.models import memory_needed
+    from interp_bayes.model.loading import memory_needed
 
     gib = 2**30
     assert cell_resources(None, None, 2, None) == dict(num_cpus=2)

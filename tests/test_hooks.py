@@ -102,7 +102,7 @@ def test_no_hook_remains_after_exception(tiny):
 def test_attention_goes_native_only_where_hf_calls_the_bridges_projections(tiny):
     """Separate q/k/v/o projections (Llama, Mistral, Phi): HF's attention module, as sdpa. A fused qkv (GPT-NeoX,
     GPT-2): the bridge's own attention, eager. Every norm is switched either way."""
-    from interp_bayes.models import model_info
+    from interp_bayes.model.loading import model_info
 
     bridge, hf, _ = tiny
     native = model_info(bridge).native
@@ -120,7 +120,7 @@ def test_unobserved_blocks_run_hfs_layer_and_any_hook_sends_its_block_through_th
     (native.NativeBlock). Through the bridge's block forward (a hook on each block's input) the logits are
     bit-equal; a hook registered on a component, on an HF leaf, or globally is live; stop_at_layer still stops; the
     copies add no parameter."""
-    from interp_bayes.models import model_info
+    from interp_bayes.model.loading import model_info
 
     bridge, hf, _ = tiny
     n = bridge.cfg.n_layers

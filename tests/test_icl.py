@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from interp_bayes.prompts import stratified_sample
+from interp_bayes.core.prompts import stratified_sample
 from interp_bayes.tasks.icl import CONDITIONS, SULATask, binary_entropy_bits, posterior_label1
 
 
@@ -82,7 +82,7 @@ def test_predictive_entropy_is_the_query_labels_by_enumeration():
 
 
 def test_fixed_k_varies_bayes_entropy_at_fixed_k_and_length(smollm2):
-    from interp_bayes.models import checkpoint_tokenizer
+    from interp_bayes.model.loading import checkpoint_tokenizer
 
     tok = checkpoint_tokenizer(smollm2)
     task = SULATask.for_tokenizer(tok, per_k=20)

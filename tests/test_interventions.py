@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import load_hf, value_edit
-from interp_bayes.interventions import (AxisCut, AxisOnly, AxisShift, intervene, isotropic_axes, matched_axes,
-                                        pc_axes, run_interventions, summarize)
+from interp_bayes.model.edits import AxisCut, AxisOnly, AxisShift, intervene
+from interp_bayes.analyses.controls import isotropic_axes, matched_axes, pc_axes
+from interp_bayes.analyses.interventions import run_interventions, summarize
 
 TEXT = "in context learning with induction heads"
 
@@ -56,7 +57,7 @@ def test_identities_are_exact_and_hooks_are_removed(tiny):
 
 @torch.no_grad()
 def test_cut_on_one_kv_head_touches_only_its_query_group(tiny_dirs):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     bridge = load_model(tiny_dirs["llama3"])  # 4 query heads, 2 kv heads of 24: group g = query heads 2g, 2g+1
     ids = torch.tensor([bridge.tokenizer(TEXT)["input_ids"]])
@@ -109,9 +110,9 @@ def test_control_axes_are_unit_orthogonal_reproducible_and_matched():
 
 
 def test_runner_rows_and_summary(tiny_dirs):
-    from interp_bayes.axis import fit_entropy_axis
-    from interp_bayes.extract import collect
-    from interp_bayes.models import load_model
+    from interp_bayes.analyses.axis import fit_entropy_axis
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.loading import load_model
     from interp_bayes.tasks.icl import SULATask
 
     bridge = load_model(tiny_dirs["llama3"])
@@ -147,11 +148,11 @@ def test_runner_rows_and_summary(tiny_dirs):
 
 
 def test_axis_applied_at_another_layer_or_of_wrong_size_is_refused(tiny_dirs):
-    from interp_bayes.axis import fit_entropy_axis
-    from interp_bayes.errors import InterventionError
-    from interp_bayes.extract import collect
-    from interp_bayes.interventions import AxisCut, intervene
-    from interp_bayes.models import load_model
+    from interp_bayes.analyses.axis import fit_entropy_axis
+    from interp_bayes.core.errors import InterventionError
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.edits import AxisCut, intervene
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["llama3"])
     acts = collect(model, ["the cat sat on the mat", "hello world 0 1 2 3", "the mat", "a b c d e f g",
@@ -177,8 +178,8 @@ def _layer_module(hf, layer):
 def test_subspace_edits_equal_weight_edits_at_every_site(tiny_dirs, fam):
     """v: the value projection pre-multiplied by I - P; z: the output projection post-multiplied by I - P;
     resid: a plain HF forward hook on the decoder layer's output. k = 1 equals AxisCut exactly."""
-    from interp_bayes.interventions import SubspaceCut, SubspaceOnly, site_dim
-    from interp_bayes.models import load_model
+    from interp_bayes.model.edits import SubspaceCut, SubspaceOnly, site_dim
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs[fam])
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -216,12 +217,13 @@ def test_subspace_edits_equal_weight_edits_at_every_site(tiny_dirs, fam):
 
 
 def test_subspace_controls_are_orthogonal_reproducible_and_variance_matched():
-    from interp_bayes.interventions import _orthonormal_rows, isotropic_subspaces, matched_subspaces
+    from interp_bayes.model.edits import orthonormal_rows
+    from interp_bayes.analyses.controls import isotropic_subspaces, matched_subspaces
 
     rng = np.random.default_rng(0)
     values = rng.standard_normal((300, 24)) * np.linspace(3, 0.2, 24)  # decreasing variances
     basis = rng.standard_normal((2, 24))
-    q = _orthonormal_rows(basis, torch.float64).numpy()
+    q = orthonormal_rows(basis, torch.float64).numpy()
     iso = isotropic_subspaces(basis, 5, layer=3, seed=1)
     assert iso.shape == (5, 2, 24)
     for frame in iso:
@@ -238,7 +240,7 @@ def test_subspace_controls_are_orthogonal_reproducible_and_variance_matched():
     _, ratio = matched_subspaces(values, top, 3, layer=0, seed=1)
     assert (ratio < 1).all()
     with pytest.raises(Exception, match="span fewer dimensions"):
-        _orthonormal_rows(np.vstack([basis[0], 2 * basis[0]]))
+        orthonormal_rows(np.vstack([basis[0], 2 * basis[0]]))
 
 
 def _outcomes_close(fast, naive):
@@ -260,10 +262,10 @@ def _random_prompts(n_vocab=400, seed=0):
 def test_fast_path_equals_naive_path(tiny):
     """Every edit of a first and a last layer (the replayed prefix, stacked edits and the last block cut to the
     final position) against a whole forward pass per edit: per prompt and in every row of the result."""
-    from interp_bayes.axis import fit_entropy_axis
-    from interp_bayes.extract import collect
-    from interp_bayes.interventions import OPS, make_op, resolve_edits
-    from interp_bayes.prefix import edited_runs
+    from interp_bayes.analyses.axis import fit_entropy_axis
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.edits import OPS, make_op, resolve_edits
+    from interp_bayes.model.prefix import edited_runs
 
     bridge, _, _ = tiny
     prompts, labels = _random_prompts(), [5, 9]
@@ -289,10 +291,10 @@ def test_fast_path_equals_naive_path(tiny):
 @pytest.mark.slow
 def test_fast_path_equals_naive_path_on_smollm2(smollm2):
     """SmolLM2's 30 layers: a middle layer, five layers to the last, and the last alone, on SULA prompts."""
-    from interp_bayes.axis import fit_entropy_axis
-    from interp_bayes.extract import collect
-    from interp_bayes.interventions import make_op, resolve_edits
-    from interp_bayes.prefix import edited_runs
+    from interp_bayes.analyses.axis import fit_entropy_axis
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.edits import make_op, resolve_edits
+    from interp_bayes.model.prefix import edited_runs
     from interp_bayes.tasks.icl import SULATask
 
     task = SULATask.for_tokenizer(smollm2.tokenizer, per_k=4)
@@ -312,8 +314,8 @@ def test_fast_path_equals_naive_path_on_smollm2(smollm2):
 def test_control_families_are_one_registry():
     """Counts per family select the draws: the same directions as the family's own function; an unknown family
     is refused by name."""
-    from interp_bayes.errors import InterventionError
-    from interp_bayes.interventions import CONTROL_FAMILIES, control_directions
+    from interp_bayes.core.errors import InterventionError
+    from interp_bayes.analyses.controls import CONTROL_FAMILIES, control_directions
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((50, 12)) * np.linspace(2, 0.5, 12)

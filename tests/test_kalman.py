@@ -14,8 +14,8 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.models import load_model
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.model.loading import load_model
 from interp_bayes.tasks.kalman import (
     KalmanTask,
     gaussian_entropy_bits,

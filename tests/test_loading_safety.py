@@ -18,10 +18,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from interp_bayes.config import ConfigError, SweepConfig
-from interp_bayes.errors import ModelLoadError, ModelNotFoundError
-from interp_bayes.models import gguf_folder, load_model, model_identity, model_info
-from interp_bayes.testing import make_tiny_model
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.core.errors import ModelLoadError, ModelNotFoundError
+from interp_bayes.model.loading import gguf_folder, load_model, model_identity, model_info
+from interp_bayes.model.testing import make_tiny_model
 
 SHA1, SHA2, SHA3 = "1" * 40, "2" * 40, "3" * 40
 
@@ -153,7 +154,7 @@ def test_a_reachable_hub_is_asked_once_per_process_and_its_errors_are_sentences(
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RevisionNotFoundError
 
-    from interp_bayes import models
+    from interp_bayes.model import loading as models
 
     hub_cache(SHA1)  # the cache still says main is SHA1
     asked = []
@@ -189,7 +190,7 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path) -> None:
     import gguf
     import numpy as np
 
-    from interp_bayes.testing import make_tokenizer
+    from interp_bayes.model.testing import make_tokenizer
 
     make_tokenizer(tokenizer_dir)
     data = json.loads((tokenizer_dir / "tokenizer.json").read_text())
@@ -283,7 +284,7 @@ def test_sigterm_stops_like_ctrl_c_and_the_rerun_equals_a_clean_run(tmp_path):
     assert not (folder / "probes" / "icl" / "stage.json").exists()  # it stopped before the end
     assert "Partial run" in (folder / "report.html").read_text()  # the views show what finished
 
-    from interp_bayes.sweep import run_sweep
+    from interp_bayes.run.sweep import run_sweep
 
     config = SweepConfig(model=str(model), out=str(out), prompts="basic", probes=probes, quiet=True)
     rerun = run_sweep(config)  # the same sweep again, in this process: it resumes
@@ -297,8 +298,8 @@ def test_sigterm_stops_like_ctrl_c_and_the_rerun_equals_a_clean_run(tmp_path):
 # 5. one collection of an activation set that two sweeps ask for at once
 
 def test_two_contexts_asking_for_one_activation_set_collect_it_once(tmp_path, monkeypatch):
-    from interp_bayes import extract
-    from interp_bayes.sweep import Context
+    from interp_bayes.model import collect as extract
+    from interp_bayes.run.sweep import Context
 
     folder = tmp_path / "tiny"
     make_tiny_model("llama3", folder)

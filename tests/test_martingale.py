@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from interp_bayes.martingale import (FLOAT_FLOOR, NULLS, Context, bijection_contexts, bijection_setup,
-                                     debiased_gap_bits, martingale_gap, martingale_test, model_predictor,
-                                     order_sensitivity, sula_contexts, sula_setup)
+from interp_bayes.analyses.martingale import (FLOAT_FLOOR, NULLS, Context, bijection_contexts, bijection_setup,
+    debiased_gap_bits, martingale_gap, martingale_test, model_predictor, order_sensitivity, sula_contexts, sula_setup)
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.icl import SULATask, posterior_label1
 
@@ -230,7 +229,7 @@ def test_the_power_floor_an_over_confident_predictor_below_the_float_floor_at_k_
 def test_model_predictor_matches_the_wind_tunnel_evaluation():
     import torch
 
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
     from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
     from interp_bayes.windtunnel.evaluate import restricted_log_probs
 
@@ -250,7 +249,7 @@ def test_model_predictor_matches_the_wind_tunnel_evaluation():
 
 
 def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(tiny_dirs):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["gpt2"])
     task = SULATask.for_tokenizer(model.tokenizer, per_k=3, ks=(1, 2, 4))

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from interp_bayes.axis import EntropyAxis
-from interp_bayes.interventions import AxisShift, intervene
-from interp_bayes.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy, value_axis_in_residual
-from interp_bayes.neurons import ablation_effects, final_norm_run, unembedding_null_space
+from interp_bayes.analyses.axis import EntropyAxis
+from interp_bayes.model.edits import AxisShift, intervene
+from interp_bayes.analyses.mechanisms import (axis_null_overlap, compare_mechanisms, scale_entropy,
+    value_axis_in_residual)
+from interp_bayes.analyses.neurons import ablation_effects, final_norm_run, unembedding_null_space
 
 TEXTS = ["the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
          "The capital of France is Paris.", "a b c d e f g h", "happy: dax, sad: lug. calm:"]
@@ -37,7 +38,7 @@ def test_residual_image_equals_the_attention_output_shift(tiny, family):
 def test_null_overlap_ranks_a_direction_built_to_land_in_the_null_space(tiny_dirs):
     from scipy.linalg import eigh
 
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["llama3"])
     null = unembedding_null_space(model)
@@ -53,8 +54,8 @@ def test_null_overlap_ranks_a_direction_built_to_land_in_the_null_space(tiny_dir
 
 
 def test_final_norm_readings_equal_the_cache_and_collect(tiny_dirs):
-    from interp_bayes.extract import collect
-    from interp_bayes.models import load_model
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["pythia"])
     labels = model.tokenizer(" dax lug")["input_ids"][-2:]
@@ -81,7 +82,7 @@ def test_final_norm_readings_equal_the_cache_and_collect(tiny_dirs):
 
 
 def test_comparison_neuron_ablation_equals_the_ablation_runner(tiny_dirs):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["mistral"])
     labels = model.tokenizer(" dax lug")["input_ids"][-2:]

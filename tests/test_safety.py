@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from interp_bayes.cli import main
-from interp_bayes.config import SweepConfig
-from interp_bayes.sweep import run_sweep
-from interp_bayes.testing import make_tiny_model
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.run.sweep import run_sweep
+from interp_bayes.model.testing import make_tiny_model
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -104,9 +104,9 @@ def test_probe_name_climbing_out_is_refused_and_nothing_outside_changes(model, t
 
 
 def test_activation_set_label_and_grid_name_climbing_out_are_refused(model, tmp_path):
-    from interp_bayes.errors import ConfigError
-    from interp_bayes.grid import Grid
-    from interp_bayes.sweep import Context
+    from interp_bayes.core.errors import ConfigError
+    from interp_bayes.run.grid import Grid
+    from interp_bayes.run.sweep import Context
 
     ctx = Context(tmp_path / "run", _config(model, tmp_path, []), print)
     for label in ("../../x", "..", "a/../../b"):

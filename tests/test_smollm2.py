@@ -3,8 +3,8 @@
 import torch
 
 from conftest import load_hf
-from interp_bayes.extract import collect
-from interp_bayes.models import model_info
+from interp_bayes.model.collect import collect
+from interp_bayes.model.loading import model_info
 
 
 def test_smollm2_logits_equal_plain_hf_and_predict_paris(smollm2):

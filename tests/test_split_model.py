@@ -11,11 +11,11 @@ from collections import namedtuple
 import pytest
 import torch
 
-from interp_bayes import models
-from interp_bayes.errors import ModelLoadError
-from interp_bayes.extract import collect
-from interp_bayes.interventions import AxisCut, AxisShift, intervene
-from interp_bayes.models import load_model
+from interp_bayes.model import loading as models
+from interp_bayes.core.errors import ModelLoadError
+from interp_bayes.model.collect import collect
+from interp_bayes.model.edits import AxisCut, AxisShift, intervene
+from interp_bayes.model.loading import load_model
 
 PROMPTS = ["the cat sat on the mat", "hello world 0 1 2 3", "def f(x): return x + 1", "a b c d e f g"]
 
@@ -155,7 +155,7 @@ def test_bad_device_maps_are_refused_with_the_fix(tiny_dirs, tmp_path):
                           "the weights of a disk-offloaded layer (they are on the meta device) unless they are "
                           "materialised first (its align_offloaded_subtree). Weights on GPUs are resident and read.")
 def test_key_orthogonality_of_a_disk_offloaded_layer(tiny_dirs, tmp_path):
-    from interp_bayes.geometry import key_orthogonality
+    from interp_bayes.analyses.keys import key_orthogonality
 
     folder = tiny_dirs["llama3"]
     split = load_model(folder, device_map=split_map(folder), offload_folder=tmp_path)

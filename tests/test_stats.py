@@ -10,11 +10,12 @@ import yaml
 from scipy.linalg import hadamard
 
 from interp_bayes import stats
-from interp_bayes.axis import cross_fitted_projections, fit_entropy_axis
-from interp_bayes.confounds import covariate_matrix, deconfounded_correlation, fine_strata
-from interp_bayes.decoding import cross_fitted_decoding, decoding_curve
-from interp_bayes.errors import ConfigError
-from interp_bayes.extract import Activations
+from interp_bayes.analyses.axis import cross_fitted_projections, fit_entropy_axis
+from interp_bayes.stats.confounds import covariate_matrix
+from interp_bayes.stats import deconfounded_correlation, fine_strata
+from interp_bayes.analyses.decoding import cross_fitted_decoding, decoding_curve
+from interp_bayes.core.errors import ConfigError
+from interp_bayes.model.collect import Activations
 from interp_bayes.windtunnel.kalman import held_out_r2
 
 torch.set_num_threads(1)
@@ -256,8 +257,8 @@ SWEEP_PROBES = {  # every kind with a null interval beside a p-value, and the in
 
 @pytest.fixture(scope="module")
 def sweep_rows(tiny_dirs, tmp_path_factory):
-    from interp_bayes.config import SweepConfig
-    from interp_bayes.sweep import run_sweep
+    from interp_bayes.run.config import SweepConfig
+    from interp_bayes.run.sweep import run_sweep
 
     folder = tmp_path_factory.mktemp("stats-probes")
     paths = []

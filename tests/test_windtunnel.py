@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from interp_bayes.models import load_model
+from interp_bayes.model.loading import load_model
 from interp_bayes.windtunnel.configs import build_mlp, build_transformer, make_config, make_task, n_params
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel, restricted_log_probs
 from interp_bayes.windtunnel.tokenizer import build_tokenizer
-from interp_bayes.errors import ConfigError
+from interp_bayes.core.errors import ConfigError
 from interp_bayes.windtunnel.configs import curriculum_tasks
 from interp_bayes.windtunnel.train import (
     length_at,

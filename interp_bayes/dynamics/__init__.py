@@ -10,12 +10,11 @@
 
 from .cli import add_dynamics_arguments, dynamics_main, markdown_tables, run_dynamics
 from .deep import DeepSticky, train_deep
-from .frames import (FRAME_METRICS, LOG_METRICS, PRECISION_METRICS, Snapshot, attention_similarity,
-                     checkpoint_series, dissociation, frame_precision_from_checkpoints, frame_precision_run,
-                     key_orthogonality, low_entropy_separation, ratio_interval, settle_step, snapshot_metrics,
-                     take_snapshot)
+from .frames import (FRAME_METRICS, LOG_METRICS, PRECISION_METRICS, Snapshot, attention_similarity, checkpoint_series,
+    dissociation, frame_precision_from_checkpoints, frame_precision_run, key_orthogonality, low_entropy_separation,
+    ratio_interval, settle_step, snapshot_metrics, take_snapshot)
 from .laws import (attention_gradients, causal_attention, law_check, law_errors, readout_signal, relative_error,
-                   routing_gradients, single_head_gradients)
+    routing_gradients, single_head_gradients)
 from .measures import _log_interval, cv_r2, entropy_nats, pc1_share
-from .sticky import (METHODS, PAPER_SEEDS, PAPER_SPEEDUP, closed_form_value_step, init_single_head,
-                     steps_to_reach, sticky_comparison, sticky_seed, summarise_sticky, train_single_head)
+from .sticky import (METHODS, PAPER_SEEDS, PAPER_SPEEDUP, closed_form_value_step, init_single_head, steps_to_reach,
+    sticky_comparison, sticky_seed, summarise_sticky, train_single_head)

@@ -158,7 +158,7 @@ def dynamics_main(args: argparse.Namespace) -> int:
     print(markdown_tables(results))
     if args.out is not None:
         from ..report.dynamics_page import build_dynamics_page
-        from ..store import atomic_write_text
+        from ..core.store import atomic_write_text
 
         atomic_write_text(args.out, json.dumps(results, indent=1, default=float))
 

@@ -7,7 +7,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from interp_bayes.tasks.sticky import bayes_predictive, sample_sticky
+from ..tasks.sticky import bayes_predictive, sample_sticky
 
 from .measures import entropy_nats
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.geometry import as_float64, is_constant, mean_abs_offdiag_cos, pca, spearman
-from interp_bayes.tasks.base import entropy_bits
+from ..core.errors import ConfigError
+from ..stats import as_float64, is_constant
+from ..stats.pca import mean_abs_offdiag_cos, pca, spearman
+from ..tasks.base import entropy_bits
 
 from .measures import _log_interval, cv_r2, entropy_nats, pc1_share
 
@@ -138,9 +139,9 @@ def frame_precision_from_checkpoints(checkpoints: Sequence[tuple[int, str | Path
                                      hypothesis_ids: Sequence[int], *, loader: Callable | None = None,
                                      frac: float = 0.9) -> dict:
     """Metric curves over a checkpoint series (``(step, folder)`` pairs) on one fixed ``TaskBatch``, and the
-    dissociation. ``loader(folder)`` returns a hooked model (default: ``interp_bayes.models.load_model``)."""
+    dissociation. ``loader(folder)`` returns a hooked model (default: ``interp_bayes.model.loading.load_model``)."""
     if loader is None:
-        from interp_bayes.models import load_model as loader
+        from ..model.loading import load_model as loader
     ordered = sorted(checkpoints, key=lambda c: c[0])
     if len(ordered) < 2 or ordered[-1][0] <= 0:
         raise ConfigError("Need at least two checkpoints with a positive final step to measure settling.")
@@ -168,7 +169,7 @@ def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
 
 def frame_precision_run(run: str | Path, *, n_eval: int = 64, seed: int = 0, loader: Callable | None = None) -> dict:
     """``frame_precision_from_checkpoints`` on a wind-tunnel run folder, with ``n_eval`` fresh sequences of its task."""
-    from interp_bayes.windtunnel.configs import TrainConfig, make_task
+    from ..windtunnel.configs import TrainConfig, make_task
 
     series = checkpoint_series(run)
     cfg = TrainConfig.from_dict(json.loads((series[0][1] / "windtunnel.json").read_text())["config"])

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from interp_bayes.geometry import shares, spectrum
+from ..stats.pca import shares, spectrum
 
 
 def entropy_nats(log_probs: torch.Tensor) -> torch.Tensor:
@@ -28,7 +28,7 @@ def cv_r2(features: torch.Tensor, target: torch.Tensor, seed: int = 0, folds: in
     from sklearn.linear_model import LinearRegression
     from sklearn.model_selection import cross_val_predict
 
-    from interp_bayes.stats import group_folds, r2
+    from ..stats import group_folds, r2
 
     xf, yf = features.double().numpy(), target.double().numpy()
     pred = cross_val_predict(LinearRegression(), xf, yf, cv=group_folds(None, folds, seed=seed, n=len(yf)))

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.tasks.sticky import StickyChain, bayes_predictive, sample_sticky
+from ..core.errors import ConfigError
+from ..tasks.sticky import StickyChain, bayes_predictive, sample_sticky
 
 from .laws import single_head_gradients
 from .measures import _log_interval, cv_r2, entropy_nats, pc1_share

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula
 from .icl import TARGETS
 
@@ -28,9 +28,9 @@ class AxisParams(Params):
 
 
 def run(ctx, p: AxisParams) -> Result:
-    from ..axis import fit_entropy_axis
-    from ..confounds import nuisance_columns
-    from ..geometry import correlations
+    from ..analyses.axis import fit_entropy_axis
+    from ..stats.confounds import nuisance_columns
+    from ..stats.pca import correlations
 
     acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
     rows, n = [], len(acts)

@@ -7,16 +7,16 @@ import json
 
 import numpy as np
 
-from ..errors import CacheError
-from ..results import Row, find
-from ..store import read_json, warn, write_json
+from ..core.errors import CacheError
+from ..core.results import Row, find
+from ..core.store import read_json, warn, write_json
 
 SULA_LAYERS = "spread5"  # the in-context probes read five evenly spaced layers ending at the last
 
 
 def pool(ctx, source):
     """(final-token values at the sweep's layers for a whole prompt source, the prompts as a Dataset)."""
-    from ..prompts import load_source, source_label
+    from ..core.prompts import load_source, source_label
 
     spec = source if source is not None else ctx.config.prompts
     ds = load_source(spec)
@@ -93,10 +93,10 @@ def plan_sula(ctx, probe: str, conditions, per_k: int, seed: int, layers) -> lis
 
 
 def nuisance_matrix(lengths, k, names) -> tuple[np.ndarray, tuple[str, ...]]:
-    """The covariate design of a probe's declared covariates (names among ``confounds.nuisance_columns``'s: length,
+    """The covariate design of a probe's declared covariates (names among ``stats.confounds.nuisance_columns``'s: length,
     k, log_k; k enters as one indicator per value, which removes every function of k, length as a spline basis) and
     their names."""
-    from ..confounds import nuisance_columns, select_covariates
+    from ..stats.confounds import nuisance_columns, select_covariates
 
     return select_covariates(nuisance_columns(lengths, k=k), names), tuple(names)  # an unknown name is refused
 
@@ -110,7 +110,8 @@ def deconfounded(x, y, columns: dict, covariates, strata, strata_name: str, *, n
                  metric: str, scope: dict) -> list[Row]:
     """Rows of the raw, partial and within-stratum correlations of ``x`` with ``y`` (``confounds``), given the
     probe's declared covariates (names among ``columns``)."""
-    from ..confounds import deconfounded_correlation, deconfounded_rows, select_covariates
+    from ..stats import deconfounded_correlation
+    from ..stats.confounds import deconfounded_rows, select_covariates
 
     dec = deconfounded_correlation(x, y, select_covariates(columns, covariates), strata, covariate_names=covariates,
                                    strata_name=strata_name, n_perm=n_perm, seed=seed)
@@ -138,7 +139,7 @@ def pct(x: float) -> str:
 
 
 def manifold_rows(rep: dict, scope: dict, *, entropy_label: str = "entropy") -> list[Row]:
-    """Tidy rows of a ``geometry.manifold_report`` (plus its ``resample`` interval when present).
+    """Tidy rows of a ``analyses.manifold.manifold_report`` (plus its ``resample`` interval when present).
 
     The shares carry their interval (over fresh prompt sets from the pool where the probe drew them, else the
     bootstrap) and the permuted null's range; the null means and the bootstrap mean (Paper III's Table 1 statistic,

@@ -17,9 +17,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..results import Row, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import recipe_nuisances, sula, sula_groups
 
 
@@ -41,7 +41,7 @@ TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))
 
 
 def run(ctx, p: DecodingParams) -> Result:
-    from ..decoding import decoding_curve
+    from ..analyses.decoding import decoding_curve
 
     if p.task == "sula":
         layers = ctx.layers(p.layers)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import pool
 
 
@@ -22,7 +22,7 @@ class FocusingParams(Params):
 
 
 def _chosen(ctx, p: FocusingParams):
-    from ..prompts import stratified_sample
+    from ..core.prompts import stratified_sample
 
     acts, ds = pool(ctx, p.prompts)
     idx = stratified_sample(acts.entropy.numpy(), per_bin=p.per_bin, seed=ctx.config.seed)
@@ -30,7 +30,7 @@ def _chosen(ctx, p: FocusingParams):
 
 
 def run(ctx, p: FocusingParams) -> Result:
-    from ..geometry import attention_focusing
+    from ..analyses.focusing import attention_focusing
 
     texts = _chosen(ctx, p)
     acts = ctx.activations("focusing", texts, layers=ctx.layers("all"), readings=("attn_entropy",))
@@ -44,7 +44,7 @@ def run(ctx, p: FocusingParams) -> Result:
 
 
 def plan(ctx, p: FocusingParams) -> list:
-    from ..prompts import load_source, source_label
+    from ..core.prompts import load_source, source_label
 
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
     texts = list(load_source(spec)["text"])

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows, pct, plan_sula, sula
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
@@ -33,7 +33,7 @@ class ICLParams(Params):
 
 
 def calibration_rows(cmp: dict, scope: dict) -> list[Row]:
-    """Tidy rows of a ``calibration.compare_to_bayes`` result: per k, for k >= 1 and over all prompts."""
+    """Tidy rows of a ``stats.calibration.compare_to_bayes`` result: per k, for k >= 1 and over all prompts."""
     rows = []
     blocks = [(dict(k=k), b) for k, b in cmp.get("per_group", {}).items()]
     blocks += [(dict(subset="all"), cmp["all"])] + ([(dict(subset="k>=1"), cmp["k_ge_1"])] if "k_ge_1" in cmp else [])
@@ -57,9 +57,10 @@ TARGETS = (("latent", "bayes_entropy"), ("predictive", "predictive_entropy"))  #
 
 
 def run(ctx, p: ICLParams) -> Result:
-    from ..calibration import compare_to_bayes
-    from ..confounds import nuisance_columns
-    from ..geometry import correlations, manifold_report
+    from ..stats.calibration import compare_to_bayes
+    from ..stats.confounds import nuisance_columns
+    from ..stats.pca import correlations
+    from ..analyses.manifold import manifold_report
 
     rows, data = [], {}
     for condition in p.conditions:

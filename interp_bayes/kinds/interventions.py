@@ -11,10 +11,10 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.errors import ConfigError
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula, sula_task
 
 MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no range is shown
@@ -84,8 +84,9 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
     """Fit an entropy axis per layer on ``fit_idx`` (conditional on ``p.axis_control`` when given), run every edit
     of ``p`` on the ``eval_idx`` prompts against the control axes, and return tidy rows (plus every run's measures
     as data, for the figures). ``columns`` are the nuisance covariates of every prompt, ``strata`` their strata."""
-    from ..axis import fit_entropy_axis
-    from ..interventions import CONTROL_FAMILIES, run_interventions, summarize
+    from ..analyses.axis import fit_entropy_axis
+    from ..analyses.controls import CONTROL_FAMILIES
+    from ..analyses.interventions import run_interventions, summarize
 
     unknown = sorted(set(p.controls) - set(CONTROL_FAMILIES))
     if unknown:
@@ -141,7 +142,7 @@ def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: li
 
 
 def run(ctx, p: InterventionsParams) -> Result:
-    from ..confounds import nuisance_columns
+    from ..stats.confounds import nuisance_columns
 
     if p.fit not in ("cross", "in_sample"):
         raise ConfigError(f"fit must be 'cross' or 'in_sample', not {p.fit!r}.")
@@ -157,7 +158,7 @@ def run(ctx, p: InterventionsParams) -> Result:
 
 
 def plan(ctx, p: InterventionsParams) -> list:
-    from ..sweep import PlanItem
+    from ..core.plugin import PlanItem
 
     items = plan_sula(ctx, "interventions", ["main"], p.per_k, p.seed, p.layers)
     n_runs = 1 + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values()))

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class KeysParams(Params):
 
 
 def run(ctx, p: KeysParams) -> Result:
-    from ..geometry import key_orthogonality, key_orthogonality_null
+    from ..analyses.keys import key_orthogonality
+    from ..stats.pca import key_orthogonality_null
     from ..stats import interval
 
     model = ctx.model

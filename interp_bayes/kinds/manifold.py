@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..results import Row, find, select
-from .base import Figure, Kind, Line, Params, Result
+from ..core.errors import ConfigError
+from ..core.results import Row, find, select
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import deconfounded, deconfounded_text, groups_of, last_layer, manifold_rows, pool, share_text
-from . import register
+from ..core.registry import register
 
 DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
 
@@ -38,8 +38,9 @@ def label(params: ManifoldParams) -> str:
 
 
 def run(ctx, p: ManifoldParams) -> Result:
-    from ..geometry import manifold_report, pca, resample_shares
-    from ..prompts import stratified_sample
+    from ..analyses.manifold import manifold_report
+    from ..stats.pca import pca, resample_shares
+    from ..core.prompts import stratified_sample
 
     acts, ds = pool(ctx, p.prompts)
     domains = np.array(ds["domain"])
@@ -52,7 +53,8 @@ def run(ctx, p: ManifoldParams) -> Result:
         return pool_idx[stratified_sample(acts.entropy[pool_idx].numpy(), per_bin=p.per_bin, n_bins=p.n_bins,
                                           seed=seed)]
 
-    from ..confounds import fine_strata, nuisance_columns
+    from ..stats import fine_strata
+    from ..stats.confounds import nuisance_columns
 
     chosen = draw(ctx.config.seed)
     redraws = [draw(ctx.config.seed + 1 + r) for r in range(p.n_resample)]
@@ -80,7 +82,7 @@ def run(ctx, p: ManifoldParams) -> Result:
 
 
 def plan(ctx, p: ManifoldParams) -> list:
-    from ..prompts import load_source, source_label
+    from ..core.prompts import load_source, source_label
 
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
     texts = list(load_source(spec)["text"])

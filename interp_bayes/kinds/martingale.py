@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import sula_task
 
 
@@ -29,7 +29,7 @@ class MartingaleParams(Params):
 
 
 def run(ctx, p: MartingaleParams) -> Result:
-    from ..martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
+    from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
 
     if p.task == "sula":
         task, ids = sula_task(ctx, p.per_k)

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.errors import ConfigError
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import SULA_LAYERS, deconfounded_text, pool, recipe_nuisances, sula, sula_task
 
 
@@ -79,10 +79,10 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
 
 
 def run(ctx, p: EntropyNeuronsParams) -> Result:
-    from ..axis import fit_entropy_axis
-    from ..confounds import deconfounded_rows
-    from ..mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
-    from ..neurons import entropy_neurons, frequency_neurons, unembedding_null_space, unigram_counts
+    from ..analyses.axis import fit_entropy_axis
+    from ..stats.confounds import deconfounded_rows
+    from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
+    from ..analyses.neurons import entropy_neurons, frequency_neurons, unembedding_null_space, unigram_counts
 
     s = _prompt_sets(ctx, p)
     model = s.model

@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..results import Row, find, select
-from . import register
-from .base import Figure, Kind, Line, Params, Result
+from ..core.results import Row, find, select
+from ..core.registry import register
+from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import deconfounded, deconfounded_text, manifold_rows, pct
 from .icl import calibration_rows
 from .interventions import effects_figure, per_k_figure, protocol, split_by_group, summary_lines
@@ -63,7 +63,7 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
 
 
 def _task_of(folder: Path):
-    from ..store import read_json
+    from ..core.store import read_json
     from ..windtunnel.configs import TrainConfig, make_task
 
     return make_task(TrainConfig.from_dict(read_json(folder / "windtunnel.json")["config"]))
@@ -71,7 +71,7 @@ def _task_of(folder: Path):
 
 def load_windtunnel_task(name: str):
     """(the bridge, the task) of a packaged wind-tunnel checkpoint's name or a trained folder."""
-    from ..models import load_model
+    from ..model.loading import load_model
 
     folder = checkpoint_folder(name)
     return load_model(folder), _task_of(folder)
@@ -93,8 +93,8 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
     """The bridge, the task, the prompts of ``n_sequences`` sequences (``windtunnel_prompts``) and their
     activations at ``layers`` (a layer parameter resolved against the checkpoint's own depth; None: the sweep's
     ``layers``), from the run folder's cache, with the task's hypothesis tokens as the label tokens."""
-    from ..models import model_identity
-    from ..sweep import resolve_layers
+    from ..model.loading import model_identity
+    from ..core.layers import resolve_layers
 
     folder = checkpoint_folder(checkpoint)
     model, task = load_windtunnel_task(checkpoint)
@@ -107,10 +107,13 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
 
 
 def run(ctx, p: WindtunnelParams) -> Result:
-    from ..axis import fit_entropy_axis
-    from ..calibration import compare_to_bayes
-    from ..confounds import nuisance_columns
-    from ..geometry import attention_focusing, key_orthogonality, key_orthogonality_null, manifold_report
+    from ..analyses.axis import fit_entropy_axis
+    from ..stats.calibration import compare_to_bayes
+    from ..stats.confounds import nuisance_columns
+    from ..analyses.focusing import attention_focusing
+    from ..analyses.keys import key_orthogonality
+    from ..stats.pca import key_orthogonality_null
+    from ..analyses.manifold import manifold_report
     from ..windtunnel.configs import n_params
 
     wt = windtunnel_set(ctx, p.checkpoint, p.n_sequences, p.seed, layers="all", readings=("v", "attn_entropy"))
@@ -160,7 +163,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
 
 
 def plan(ctx, p: WindtunnelParams) -> list:
-    from ..sweep import PlanItem
+    from ..core.plugin import PlanItem
 
     task = _task_of(checkpoint_folder(p.checkpoint))
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)

@@ -9,8 +9,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..store import atomic_write_text
-from ..kinds import Figure
+from ..core.store import atomic_write_text
+from ..core.plugin import Figure
 from .figures import LAYOUT
 from .html import figure_sections, page
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..results import find, select
+from ..core.results import find, select
 
 COLOURS = dict(observed="#1f4e79", permuted="#9aa5b1", gaussian="#d0d5db", true="#c0392b", isotropic="#7f8c8d",
                matched="#2e86c1", pcs="#27ae60")
@@ -39,7 +39,7 @@ def compare_figures(runs) -> list:
     from each run's tidy rows."""
     import plotly.graph_objects as go
 
-    from ..kinds import Figure
+    from ..core.plugin import Figure
 
     out = []
     rows = {r.name: r.rows() for r in runs}

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..results import Row
-from ..store import atomic_write_text
+from ..core.results import Row
+from ..core.store import atomic_write_text
 from .view import RunView
 
 STEP = re.compile(r"step[-_]?0*(\d+)")  # Pythia's "step1000"; a wind tunnel's checkpoints/step_000050
@@ -173,7 +173,7 @@ def scaling_figures(cells: list[CellView]) -> list:
     import plotly.graph_objects as go
     from plotly.colors import qualitative
 
-    from ..kinds import Figure
+    from ..core.plugin import Figure
     from .figures import layout
 
     out = []

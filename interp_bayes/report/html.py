@@ -13,8 +13,8 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..results import find
-from ..store import atomic_write_text
+from ..core.results import find
+from ..core.store import atomic_write_text
 from .tables import PAPER_ATTENTION, PAPER_ROWS
 from .view import RunView
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ..config import read_yaml
-from ..errors import CacheError, ConfigError, InterpBayesError
-from ..results import Row, read_rows
-from ..store import read_json, unseal, warn
+from ..run.config import read_yaml
+from ..core.errors import CacheError, ConfigError, InterpBayesError
+from ..core.results import Row, read_rows
+from ..core.store import read_json, unseal, warn
 
 
 class ReportError(InterpBayesError, ValueError):
@@ -54,7 +54,7 @@ class ProbeView:
     def kind_object(self):
         """The probe's kind, importing the module its stage recorded (a plugin's file, module or entry point), or
         None when it cannot be loaded here (``load_error`` says which module it needs)."""
-        from ..kinds import load_kind
+        from ..core.registry import load_kind
 
         try:
             return load_kind(self.kind, self.kind_module, self.kind_from, self.kind_ref)
@@ -120,7 +120,7 @@ class RunView:
 
     def summary(self) -> list:
         """Summary lines of every finished probe, each computed by its kind from its rows alone."""
-        from ..kinds import Line
+        from ..core.plugin import Line
 
         out = []
         for p in self._probes:

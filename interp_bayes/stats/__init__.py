@@ -16,9 +16,9 @@ from .crossfit import ALPHAS, COVARIATE_SCALE, RidgeBasis, RidgeFit, cross_fitte
 from .deconfound import KINDS, Deconfounded, corr_columns, deconfounded_correlation
 from .permutation import group_permutations, p_value, permutations, significant
 from .regression import (MAX_LEVELS, SPLINE_KNOTS, STRATUM_SIZE, centre_within, covariate_basis, fine_strata,
-                         residual_confounding, residualize)
+    residual_confounding, residualize)
 from .resample import (CI_LEVEL, bootstrap, bootstrap_means, bootstrap_pearson, bootstrap_r2, bootstrap_ratio, bounds,
-                       group_ids, interval, percentile_of, resample_counts, resampled_sums)
+    group_ids, interval, percentile_of, resample_counts, resampled_sums)
 from .verdicts import VERDICTS, claim
 
 __all__ = [

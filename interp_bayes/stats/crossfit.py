@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .arrays import CONSTANT_RTOL, as_float64
 from .resample import group_ids
 

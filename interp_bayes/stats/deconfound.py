@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .arrays import CONSTANT_RTOL, as_float64, snap
 from .permutation import p_value, permutations
 from .regression import centre_within, residual_confounding, residualize

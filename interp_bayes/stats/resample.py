@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .arrays import as_float64
 
 CI_LEVEL = 0.95  # every interval and null range of the toolkit: the central 95%

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from interp_bayes.tasks.base import TaskBatch, as_rng
+from .base import TaskBatch, as_rng
 
 
 class BijectionTask:

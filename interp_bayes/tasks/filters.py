@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.tasks.base import TaskBatch, entropy_bits
-from interp_bayes.tasks.bijection import BijectionTask
-from interp_bayes.tasks.hmm import HMMTask, hmm_filter
+from ..core.errors import ConfigError
+from .base import TaskBatch, entropy_bits
+from .bijection import BijectionTask
+from .hmm import HMMTask, hmm_filter
 
 
 def uniform_posterior(task, batch: TaskBatch) -> torch.Tensor:

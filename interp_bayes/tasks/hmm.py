@@ -33,8 +33,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.tasks.base import TaskBatch, as_rng
+from ..core.errors import ConfigError
+from .base import TaskBatch, as_rng
 
 MIN_CENTS = 5  # the 0.05 floor of the paper's Dirichlet rows, in hundredths
 TRANSITIONS = ("dirichlet", "sticky")

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from interp_bayes.errors import ConfigError, PromptError
-from interp_bayes.tasks.base import as_rng
+from ..core.errors import ConfigError, PromptError
+from .base import as_rng
 
 # nonsense words first (the authors' eight, then more that are single tokens in smaller vocabularies, e.g.
 # SmolLM2's): semantically unrelated to the sentiment carriers, as the task requires

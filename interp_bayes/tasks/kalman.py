@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from interp_bayes.tasks.base import as_rng
+from .base import as_rng
 
 LN2 = math.log(2.0)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from interp_bayes.errors import ConfigError
+from ..core.errors import ConfigError
 
 
 def transition_matrix(n_symbols: int = 8, self_prob: float = 0.3) -> torch.Tensor:

@@ -21,10 +21,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.tasks.bijection import BijectionTask
-from interp_bayes.tasks.hmm import HMMTask
-from interp_bayes.tasks.kalman import KalmanTask
+from ..core.errors import ConfigError
+from ..tasks.bijection import BijectionTask
+from ..tasks.hmm import HMMTask
+from ..tasks.kalman import KalmanTask
 
 TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask}
 MLP_MODEL_TYPE = "windtunnel_mlp"

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from interp_bayes.calibration import compare_to_bayes, kl_bits
-from interp_bayes.errors import ConfigError
-from interp_bayes.stats import as_float64, bootstrap_means
-from interp_bayes.tasks.base import TaskBatch, entropy_bits
-from interp_bayes.tasks.filters import baseline_posteriors, position_entropy
-from interp_bayes.windtunnel.configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
+from ..stats.calibration import compare_to_bayes, kl_bits
+from ..core.errors import ConfigError
+from ..stats import as_float64, bootstrap_means
+from ..tasks.base import TaskBatch, entropy_bits
+from ..tasks.filters import baseline_posteriors, position_entropy
+from .configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
 
 def restricted_log_probs(model: nn.Module, batch: TaskBatch, hypothesis_ids: list[int]) -> torch.Tensor:
     """Log-probabilities over the hypothesis tokens at the query positions: [n, Q, H] float32.
@@ -47,7 +47,7 @@ def load_windtunnel(folder: str | Path) -> tuple[nn.Module, TrainConfig]:
     cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
     if json.loads((folder / "config.json").read_text()).get("model_type") == MLP_MODEL_TYPE:
         return MLPBaseline.from_pretrained(folder), cfg
-    from interp_bayes.models import load_model
+    from ..model.loading import load_model
 
     return load_model(str(folder)), cfg
 
@@ -61,7 +61,7 @@ def default_lengths(task: Any) -> list[int]:
 
 def summarise(h_model: torch.Tensor, posterior: torch.Tensor, logp: torch.Tensor | None = None) -> dict[str, Any]:
     """The three metrics, averaged and per position, from the model's entropies ``h_model`` [n, Q] (bits) and,
-    for the KL, its log-probabilities ``logp`` [n, Q, H]; by ``calibration.compare_to_bayes`` with the query
+    for the KL, its log-probabilities ``logp`` [n, Q, H]; by ``stats.calibration.compare_to_bayes`` with the query
     position as the group. Without ``logp`` the KL is NaN (an entropy predictor has no distribution)."""
     n, Q, H = posterior.shape
     h_bayes = entropy_bits(posterior.double())  # [n, Q]
@@ -149,7 +149,7 @@ def evaluate_windtunnel(
         model, cfg = load_windtunnel(model)
         task = task or make_task(cfg)
     if getattr(task, "name", task) == "kalman":  # Gaussian beliefs: W2, KL and entropy error per step
-        from interp_bayes.windtunnel.kalman import evaluate_kalman
+        from .kalman import evaluate_kalman
 
         return evaluate_kalman(model, TASKS[task]() if isinstance(task, str) else task, n, lengths=lengths, seed=seed)
     if isinstance(task, str):

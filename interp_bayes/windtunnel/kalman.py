@@ -31,20 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from interp_bayes.errors import ConfigError
-from interp_bayes.stats import (as_float64, bootstrap_means, centre_within, cross_fitted_ridge, interval,
-                                permutations, r2)
-from interp_bayes.tasks.kalman import (
-    LN2,
-    KalmanBatch,
-    KalmanTask,
-    gaussian_entropy_bits,
-    gaussian_kl_bits,
-    gaussian_kl_nats,
-    gaussian_w2,
-    window_filter,
-)
-from interp_bayes.windtunnel.configs import TrainConfig
+from ..core.errors import ConfigError
+from ..stats import as_float64, bootstrap_means, centre_within, cross_fitted_ridge, interval, permutations, r2
+from ..tasks.kalman import (LN2, KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_kl_nats,
+    gaussian_w2, window_filter)
+from .configs import TrainConfig
 
 WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
 LOG_DIAG_CLAMP = 12.0  # |log L_ii| cap: a guard against exp overflow early in training, never reached by a fit
@@ -202,7 +193,7 @@ def evaluate_kalman(
     Returns {length: {n, length, w2, kl_bits, per_sample_entropy_mae_bits, mean_curve_entropy_mae_bits,
     per_position, windows: {w: same metrics}, target: ``target_verdict``}} (windows shorter than the sequence
     only); lengths default to the training length."""
-    from interp_bayes.windtunnel.evaluate import load_windtunnel
+    from .evaluate import load_windtunnel
 
     if isinstance(model, (str, Path)):
         model, cfg = load_windtunnel(model)
@@ -232,7 +223,7 @@ def evaluate_kalman(
 def train_kalman(model: nn.Module, cfg: TrainConfig, task: KalmanTask, out: Path, *, quiet: bool) -> tuple[float, float, dict]:
     """Train a Kalman wind-tunnel model (or its MLP baseline) in ``train_windtunnel``'s loop: Gaussian outputs,
     ``kalman_loss``, held-out W2 / KL metrics; (wall s, CPU s, the final evaluation against the window filters)."""
-    from interp_bayes.windtunnel.train import fit, length_at
+    from .train import fit, length_at
 
     eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
 
@@ -268,15 +259,15 @@ def kalman_readings(
     """Hooked readings of a Kalman wind-tunnel bridge at every observation step, with the exact posterior.
 
     One row per (sequence, step), sequence-major, as the other tunnels' one prompt per query position: reading
-    ``name`` at ``layer`` is the hook of ``extract.HOOKS`` at that step's position (values per KV head
+    ``name`` at ``layer`` is the hook of ``model.collect.HOOKS`` at that step's position (values per KV head
     concatenated, residual stream after the block, attention entropy in bits per head). Returns ``(acts,
-    columns)``: an ``extract.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
+    columns)``: an ``model.collect.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
     ``manifold_report``, ``fit_entropy_axis`` and ``attention_focusing`` take it as they are), and float64 columns
     ``sequence``, ``k`` (step, 1-based), ``bayes_entropy`` (bits), ``bayes_logdet`` (ln det P_t), ``bayes_mean``
     [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``belief_probe`` and calibration.
     """
-    from interp_bayes.extract import HOOKS, Activations, _normalise_layers
-    from interp_bayes.models import model_info
+    from ..model.collect import HOOKS, Activations, _normalise_layers
+    from ..model.loading import model_info
 
     unknown = set(readings) - set(HOOKS)
     if unknown:

@@ -25,19 +25,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from interp_bayes.tasks.base import TaskBatch
-from interp_bayes.windtunnel.configs import (
-    PRESETS,
-    TrainConfig,
-    build_model,
-    curriculum_tasks,
-    make_config,
-    make_task,
-    n_params,
-    n_positions,
-)
-from interp_bayes.windtunnel.evaluate import default_lengths, evaluate_windtunnel, restricted_log_probs, score
-from interp_bayes.windtunnel.tokenizer import save_tokenizer
+from ..tasks.base import TaskBatch
+from .configs import PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params, n_positions
+from .evaluate import default_lengths, evaluate_windtunnel, restricted_log_probs, score
+from .tokenizer import save_tokenizer
 
 
 def task_at(step: int, task: Any, curriculum: list[tuple[int, Any]]) -> Any:
@@ -198,7 +189,7 @@ def train_windtunnel(
     if not quiet:
         print(f"{cfg.task}/{preset} {cfg.arch}: {n_params(model):,} parameters")
     if cfg.task == "kalman":  # continuous inputs and a Gaussian head: its own batches, loss and evaluation
-        from interp_bayes.windtunnel.kalman import train_kalman as trainer
+        from .kalman import train_kalman as trainer
     else:
         trainer = train_discrete
     wall, cpu, final = trainer(model, cfg, the_task, out, quiet=quiet)

@@ -14,12 +14,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from scipy import stats
 
-from .errors import ConfigError
-from .stats import CI_LEVEL, CONSTANT_RTOL, bootstrap_means  # noqa: F401 (re-exported: modules import them from here)
-from .stats import as_float64, bootstrap, interval, is_constant
+from ..core.errors import ConfigError
+from . import as_float64, bootstrap, interval, is_constant
 
 
 def standardise(x) -> np.ndarray:
@@ -125,55 +123,6 @@ def spearman(a, b) -> float:
     return correlations(a, b)["spearman"]
 
 
-def manifold_summary(values, entropy) -> dict:
-    """PC1 and PC1+PC2 shares of the standardised values, and Spearman rho of the PC1 score with entropy."""
-    ratios, _, scores = pca(values)
-    return dict(pc1_share=float(ratios[0]), pc12_share=float(ratios[:2].sum()),
-                spearman_pc1_entropy=spearman(scores[:, 0], entropy), n_prompts=int(len(scores)),
-                dim=int(as_float64(values).shape[1]))
-
-
-def manifold_report(values, entropy, *, bayes_entropy=None, groups=None, n_boot: int = 1000, n_null: int = 200,
-                    seed: int = 0) -> dict:
-    """Everything Paper III measures on one value cloud, with intervals and nulls (the bootstrap over whole
-    ``groups`` of rows where given: a wind tunnel's sequences).
-
-    PC sign is arbitrary: correlations are reported with PC1 oriented so that its Pearson r with ``entropy`` is
-    non-negative, and magnitudes are what compare across models.
-    """
-    x = as_float64(values)
-    ev = spectrum(x)
-    pc1, pc12 = shares(ev)
-    _, _, scores = pca(x)
-    score = scores[:, 0]
-    corr = correlations(score, entropy)
-    if corr["pearson"] < 0:
-        score, corr = -score, correlations(-score, entropy)
-    out = dict(
-        n_prompts=int(x.shape[0]), dim=int(x.shape[1]), pc1_share=pc1, pc12_share=pc12,
-        bootstrap=bootstrap_shares(x, groups=groups, n_boot=n_boot, seed=seed),
-        nulls={k: null_shares(x, k, n_draws=n_null, seed=seed) for k in ("permuted", "gaussian")},
-        participation_ratio=participation_ratio(ev), participation_ratio_top10=participation_ratio(ev, 10),
-        pc1_vs_entropy=corr, pc1_score=score.tolist(),
-    )
-    if bayes_entropy is not None:
-        out["pc1_vs_bayes_entropy"] = correlations(score, bayes_entropy)
-    return out
-
-
-def key_orthogonality(model) -> np.ndarray:
-    """Paper III's key-frame score per layer and key/value head, [n_layers, n_kv_heads].
-
-    For each head the d_head columns of W_K (in R^d_model) are normalised; the score is the mean |cosine| over
-    off-diagonal column pairs. Lower is more orthogonal.
-    """
-    out = []
-    for block in model.blocks:
-        w = block.attn.W_K.detach().double().cpu()  # [n_kv, d_model, d_head]
-        out.append(mean_abs_offdiag_cos(w.numpy()))
-    return np.stack(out)
-
-
 def mean_abs_offdiag_cos(w: np.ndarray) -> np.ndarray:
     """[heads, d, k] -> mean |cos| between the k columns of each head: [heads]."""
     cols = w / np.linalg.norm(w, axis=1, keepdims=True)
@@ -190,21 +139,3 @@ def key_orthogonality_null(d_model: int, d_head: int, *, n_draws: int = 200, see
     return dict(mean=float(draws.mean()), range=interval(draws), analytic=math.sqrt(2 / (math.pi * d_model)))
 
 
-def attention_focusing(attn_entropy: dict[int, torch.Tensor], *, groups=None, n_boot: int = 1000,
-                       seed: int = 0) -> dict:
-    """Per-layer attention entropy of the final query (bits), averaged over heads after taking entropies, then
-    over prompts, with bootstrap intervals over prompts (whole ``groups`` of them where given); and the reduction
-    from the first to the last layer."""
-    layers = sorted(attn_entropy)
-    per_prompt = np.stack([as_float64(attn_entropy[layer]).mean(axis=1) for layer in layers])  # [layers, n]
-    mean = per_prompt.mean(axis=1)
-
-    def stat(idx):  # per-layer means, then the first-to-last reduction
-        m = per_prompt[:, idx].mean(axis=1)
-        return np.append(m, (m[0] - m[-1]) / m[0])
-
-    _, low, high = bootstrap(stat, per_prompt.shape[1], groups, n_boot=n_boot, seed=seed)
-    return dict(layers=layers, mean_entropy=mean.tolist(),
-                ci=[[float(a), float(b)] for a, b in zip(low[:-1], high[:-1])],
-                reduction=float((mean[0] - mean[-1]) / mean[0]), reduction_ci=[float(low[-1]), float(high[-1])],
-                n_prompts=int(per_prompt.shape[1]))

@@ -25,8 +25,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, GridError, InterpBayesError
-from .store import checked_name, inside
+from ..core.errors import ConfigError, GridError, InterpBayesError
+from ..core.store import checked_name, inside
 
 EXECUTORS = ("local", "ray")
 GRID_KEYS = ("name", "models", "probes", "seeds", "config", "retries")
@@ -200,8 +200,8 @@ class GridRun:
         """Every number of every cell, one row each, with the cell's model, revision and seed (pandas)."""
         import pandas as pd
 
-        from .report.view import RunView
-        from .results import records
+        from ..report.view import RunView
+        from ..core.results import records
 
         frames = [pd.DataFrame(records(RunView.load(c.folder).rows())).assign(
             model=c.cell.model, revision=c.cell.revision, seed=c.cell.seed) for c in self.cells if c.error is None]
@@ -244,7 +244,7 @@ def run_cell(config: dict, log: str, split: bool = False) -> dict:
 
 def _split_model(cfg):
     """The cell's model spread over its GPUs, loaded only when some stage still needs it."""
-    from .models import load_model
+    from ..model.loading import load_model
     from .sweep import plan_sweep
 
     if all(item.cached for item in plan_sweep(cfg)):
@@ -255,12 +255,12 @@ def _split_model(cfg):
 
 def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | None, held: int | None = None) -> dict:
     """Ray resources of a cell from its model's size (``n_params``; ``held``: the parameters a loaded bridge holds,
-    by default the same): ``threads`` CPUs; on a cluster without GPUs, the RAM a load needs (``models.memory_needed``);
+    by default the same): ``threads`` CPUs; on a cluster without GPUs, the RAM a load needs (``model.loading.memory_needed``);
     with GPUs of ``gpu_bytes`` each, the GPUs its weights need: a share of one when several fit (at most
     ``MAX_CELLS_PER_GPU`` per GPU) or as many whole GPUs as they fill."""
     import torch
 
-    from .models import default_dtype, device_bytes_needed, memory_needed
+    from ..model.loading import default_dtype, device_bytes_needed, memory_needed
 
     out: dict = dict(num_cpus=threads)
     if n_params is None:
@@ -278,7 +278,7 @@ def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | N
 def _model_size(cell: Cell) -> tuple[int, int] | tuple[None, None]:
     """(parameters, parameters a loaded bridge holds) of a cell's model from its config alone (None, None when the
     config cannot be read here)."""
-    from .models import count_parameters, load_config, resolve
+    from ..model.loading import count_parameters, load_config, resolve
 
     try:
         source, local = resolve(cell.model)
@@ -406,8 +406,8 @@ def run_grid(grid: Grid | dict | str | Path, *, executor: str = "local", address
     naming the cells that failed (after building the page of the others).
     """
     from .config import SweepConfig
-    from .report.grid import build_grid_page
-    from .store import write_json
+    from ..report.grid import build_grid_page
+    from ..core.store import write_json
     from .sweep import _probes, run_folder
 
     if executor not in EXECUTORS:

@@ -4,7 +4,7 @@ neuron) mechanism, or neither?
 - ``axis_null_overlap``: the value axis u of layer L moved into the residual stream (shifting every value by u
   shifts each query head's attention output by its KV group's part of u, whatever the attention pattern, so the
   residual moves by r = sum_h u_g(h) W_O[h]) and rho = |V0^T r| / |r|, the fraction of its norm in the unembedding's
-  null space (the entropy neurons' score, ``neurons.NullSpace.rho``), beside random value directions mapped the
+  null space (the entropy neurons' score, ``analyses.neurons.NullSpace.rho``), beside random value directions mapped the
   same way. (A block that normalises its attention output, Gemma 2/3's ``post_attention_layernorm``, is not mapped
   through that norm.)
 - ``scale_entropy``: the correlation of the final-norm scale (``ln_final.hook_scale``) at the final token with the
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .geometry import correlations
-from .stats import as_float64, interval, percentile_of
+from ..stats.pca import correlations
+from ..stats import as_float64, interval, percentile_of
 from .neurons import LN2, POST_HOOK, NullSpace, _ablate, _layer, final_norm_run, unembedding_null_space
-from .results import Row
+from ..core.results import Row
 
 
 def value_axis_in_residual(model, direction, layer: int) -> np.ndarray:
@@ -44,7 +44,7 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
                       seed: int = 0) -> dict:
     """rho = |V0^T r| / |r| (the fraction of the residual image's norm in the null space) of the value axis, beside
     ``n_random`` isotropic value directions orthogonal to it, mapped through W_O the same way."""
-    from .interventions import isotropic_axes
+    from .controls import isotropic_axes
 
     idx = _layer(model, layer)
     null = null or unembedding_null_space(model)
@@ -64,8 +64,8 @@ def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=
     """Correlation of the final token's norm scale with its entropy (full vocabulary, and renormalised over
     ``label_tokens`` when given) and with any further per-prompt ``targets`` (name -> [n], e.g. the exact Bayes
     entropy): raw, and with ``covariates`` ([n, c]) the raw, partial and within-``strata`` correlations against a
-    within-stratum permutation null (``confounds.deconfounded_correlation``)."""
-    from .confounds import deconfounded_correlation
+    within-stratum permutation null (``stats.confounds.deconfounded_correlation``)."""
+    from ..stats import deconfounded_correlation
 
     clean = clean or final_norm_run(model, prompts, label_tokens=label_tokens, batch_size=batch_size, final_only=True)
     out = dict(n=len(clean["final_scale"]), scale_mean=float(clean["final_scale"].mean()),
@@ -132,8 +132,9 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
     (``d_full_entropy``); every number is the change from the unedited model."""
     from tqdm.auto import tqdm
 
-    from .extract import collect
-    from .interventions import AxisCut, intervene, isotropic_axes
+    from ..model.collect import collect
+    from ..model.edits import AxisCut, intervene
+    from .controls import isotropic_axes
 
     idx = _layer(model, neuron_layer)
     neurons = [int(j) for j in neurons]

@@ -49,10 +49,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .errors import UnsupportedModelError
-from .geometry import correlations
-from .stats import as_float64, bootstrap_ratio, interval, percentile_of
-from .results import Row
+from ..core.errors import UnsupportedModelError
+from ..stats.pca import correlations
+from ..stats import as_float64, bootstrap_ratio, interval, percentile_of
+from ..core.results import Row
 
 LN2 = math.log(2.0)
 SCALE_HOOK = "ln_final.hook_scale"
@@ -303,7 +303,7 @@ def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[
 
 def _prepare(model, prompts, batch_size):
     """Token ids (the checkpoint's own tokenizer) and their length buckets; refuses models without the hooks."""
-    from .extract import check_prompts, length_batches, tokenize
+    from ..model.collect import check_prompts, length_batches, tokenize
 
     if SCALE_HOOK not in model.hook_dict:
         raise UnsupportedModelError(f"This model has no '{SCALE_HOOK}' hook (no final LayerNorm or RMSNorm); the "
@@ -675,7 +675,7 @@ def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random
 def unigram_counts(model, texts_or_ids) -> np.ndarray:
     """[vocab] token counts over texts (tokenised with the checkpoint's own tokenizer) or token-id lists, e.g. the
     prompt pool or a ``datasets`` corpus's text column."""
-    from .extract import tokenize
+    from ..model.collect import tokenize
 
     flat = [t for ids in tokenize(model, list(texts_or_ids)) for t in ids]
     return np.bincount(np.asarray(flat, dtype=np.int64), minlength=model.cfg.d_vocab).astype(np.float64)

@@ -9,7 +9,7 @@ decodable there. Beside it, the PC1 axis of the same reading (the paper's readou
 the training folds only: its held-out r^2 over the ridge R^2 is the share of the decodable uncertainty that the one
 unsupervised direction carries.
 
-Deconfounded: with ``covariates`` (``confounds.covariate_matrix(confounds.nuisance_columns(...))``) the target and the axis projection are
+Deconfounded: with ``covariates`` (``stats.confounds.covariate_matrix(confounds.nuisance_columns(...))``) the target and the axis projection are
 residualised on them inside each training fold (the fit on the training rows, applied to the held-out rows), and
 the ridge decodes that residual from the readings with the covariates beside them, unpenalised (Frisch-Waugh-Lovell;
 see ``cross_fitted_decoding``). What remains is the entropy that position, length and k do not explain.
@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .axis import _fit_direction
-from .geometry import as_float64, correlations
-from .results import Row
-from .stats import (ALPHAS, RidgeBasis, bootstrap_pearson, bootstrap_r2, group_folds, group_permutations, interval,
-                    permutations, r2, residualize)
+from ..stats import as_float64
+from ..stats.pca import correlations
+from ..core.results import Row
+from ..stats import (ALPHAS, RidgeBasis, bootstrap_pearson, bootstrap_r2, group_folds, group_permutations, interval,
+    permutations, r2, residualize)
 
 READINGS = ("resid", "v", "z")  # residual stream after the block, values (per KV head), attention output
 # readings are stored in float32: a reading whose spread across prompts is below this fraction of its scale is one
@@ -131,7 +132,7 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                    covariates=None, folds: int = 5, n_null: int = 20, n_boot: int = 1000, alphas=ALPHAS,
                    seed: int = 0) -> DecodingCurve:
     """Cross-fitted linear decoding of ``target`` (default the model's entropy, bits) from every collected reading
-    (``resid``, ``v``, ``z``) and layer of ``acts`` (``extract.collect``), beside the PC1 axis of each; raw, and
+    (``resid``, ``v``, ``z``) and layer of ``acts`` (``model.collect.collect``), beside the PC1 axis of each; raw, and
     deconfounded when ``covariates`` ([n, c]) are given. Folds and bootstraps take whole ``acts.groups``. A reading
     constant across prompts (layer 0's final-token value depends on that token alone) gives NaN with the reason."""
     y = as_float64(acts.entropy if target is None else target)

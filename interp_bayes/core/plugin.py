@@ -15,8 +15,8 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar
 
-from ..errors import ConfigError
-from ..results import Row
+from .errors import ConfigError
+from .results import Row
 
 
 @dataclass(frozen=True)
@@ -156,3 +156,14 @@ class Kind:
     plan: Callable = lambda ctx, params: []  # (ctx, params) -> list[PlanItem], for --dry-run
     version: int = 1  # bump when the computation changes, so cached results of older versions are recomputed
     doc: str = ""
+
+
+@dataclass
+class PlanItem:
+    """One stage of a dry run: what it computes, whether it is cached, and what the rest will cost."""
+
+    probe: str
+    what: str
+    cached: bool | None  # None: not known before another stage has run
+    forwards: int = 0  # prompt forward passes still to run
+    disk_bytes: int = 0

@@ -22,7 +22,7 @@ values, an HMM's header and observations), not those of the query; so the PCs, t
 the matched controls match are taken over every position, while the axis and the belief frame, defined by the
 posterior, are fitted at the query positions. H - 1 is the dimension of the belief simplex (Shai et al.: the belief
 geometry is a linear image of it). Controls are the lead's equal-dimension families
-(``interventions.isotropic_subspaces``, ``matched_subspaces``). Costs are differences from the unedited model on
+(``analyses.controls.isotropic_subspaces``, ``matched_subspaces``). Costs are differences from the unedited model on
 the same sequences, with a paired bootstrap interval over sequences.
 """
 
@@ -36,20 +36,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp_bayes.belief import query_readings
-from interp_bayes.stats import fit_ridge, interval, percentile_of
-from interp_bayes.calibration import kl_bits
-from interp_bayes.errors import ConfigError
-from interp_bayes.geometry import as_float64, pca
-from interp_bayes.interventions import (
-    SubspaceCut,
-    SubspaceOnly,
-    intervene,
-    isotropic_subspaces,
-    matched_subspaces,
-)
-from interp_bayes.tasks.base import TaskBatch, entropy_bits
-from interp_bayes.windtunnel.evaluate import paired_margin, restricted_log_probs
+from ..model.collect import query_readings
+from ..stats import fit_ridge, interval, percentile_of
+from ..stats.calibration import kl_bits
+from ..core.errors import ConfigError
+from ..stats import as_float64
+from ..stats.pca import pca
+from ..model.edits import SubspaceCut, SubspaceOnly, intervene
+from .controls import isotropic_subspaces, matched_subspaces
+from ..tasks.base import TaskBatch, entropy_bits
+from ..windtunnel.evaluate import paired_margin, restricted_log_probs
 
 OPS = {"cut": SubspaceCut, "only": SubspaceOnly}
 
@@ -72,7 +68,7 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
     """name -> orthonormal basis [k, dim] (see the module docstring): the axis and the belief frame from the
     activations at the query positions ``x_query`` [n, dim] and their exact posteriors [n, H]; the PCs and the
     token frame from the activations at every position ``x_all`` with their ``tokens``."""
-    from interp_bayes.axis import _fit_direction
+    from .axis import _fit_direction
 
     H = posterior.shape[1]
     h_bayes = entropy_bits(torch.from_numpy(posterior)).numpy()
@@ -118,8 +114,8 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     against equal-dimension isotropic and variance-matched random subspaces (see the module docstring)."""
     from tqdm.auto import tqdm
 
-    from interp_bayes.models import load_model
-    from interp_bayes.windtunnel.configs import TrainConfig, make_task
+    from ..model.loading import load_model
+    from ..windtunnel.configs import TrainConfig, make_task
 
     unknown = set(ops) - set(OPS)
     if unknown:

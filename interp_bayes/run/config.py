@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ConfigError
-from .models import DEFAULT_MODEL
+from ..core.errors import ConfigError
+from ..model.loading import DEFAULT_MODEL
 
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
@@ -74,9 +74,9 @@ class SweepConfig:
 
     def digest(self) -> str:
         """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
-        its resolved identity (``models.model_identity``), so an alias, a relative path, an absolute path and a path
+        its resolved identity (``model.loading.model_identity``), so an alias, a relative path, an absolute path and a path
         with a trailing slash give one id, and a folder whose weights changed gives a new one."""
-        from .models import model_identity
+        from ..model.loading import model_identity
 
         d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST | {"model", "revision"}}
         d["model"] = model_identity(self.model, self.revision)

@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from .geometry import as_float64, correlations
+from . import as_float64
+from .pca import correlations
 
 LN2 = math.log(2.0)
 

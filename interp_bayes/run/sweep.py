@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import __version__
+from .. import __version__
 from .config import SweepConfig
-from .errors import CacheError, ConfigError
-from .kinds import Kind, Params, get_kind
-from .prompts import package_data_dir
-from .results import Row, write_rows
-from .store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key, environment,
-                    inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in, write_json)
+from ..core.errors import CacheError, ConfigError
+from ..core.layers import resolve_layers
+from ..core.plugin import Kind, Params, PlanItem
+from ..core.registry import get_kind
+from ..core.prompts import package_data_dir
+from ..core.results import Row, write_rows
+from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
+    environment, inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in, write_json)
 
 PROBES_DIR = package_data_dir("probes")
 
@@ -77,44 +79,10 @@ def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = Non
     return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref, default=default)
 
 
-@dataclass
-class PlanItem:
-    """One stage of a dry run: what it computes, whether it is cached, and what the rest will cost."""
-
-    probe: str
-    what: str
-    cached: bool | None  # None: not known before another stage has run
-    forwards: int = 0  # prompt forward passes still to run
-    disk_bytes: int = 0
-
-
 def run_folder(config: SweepConfig) -> Path:
     model = config.model.rstrip("/")
     root = Path(config.out)
     return inside(root, root / slug(Path(model).name if Path(model).exists() else model) / config.digest())
-
-
-def resolve_layers(spec, n: int, default: Sequence[int]) -> list[int]:
-    """Non-negative layer indices of a model with ``n`` layers from a parameter: explicit ints (negative from the
-    end), ``"spread5"`` (five evenly spaced from a third of the depth to the last layer), ``"middle"`` (the spread5
-    layer nearest half the depth), ``"all"``, or None (``default``)."""
-    import numpy as np
-
-    if spec in ("spread5", "middle"):
-        spread = sorted({int(round(x)) for x in np.linspace(n / 3, n - 1, 5)})
-        return spread if spec == "spread5" else [min(spread, key=lambda x: abs(x - n / 2))]
-    if spec == "all":
-        return list(range(n))
-    if isinstance(spec, str):
-        raise ConfigError(f"Unknown layer spec '{spec}'; use a list of layers, 'spread5', 'middle' or 'all'.")
-    out = []
-    for layer in (default if spec is None else spec):
-        idx = int(layer) + n if int(layer) < 0 else int(layer)
-        if not 0 <= idx < n:
-            raise ConfigError(f"Layer {layer} is out of range for a model with {n} layers; use 0..{n - 1} or "
-                              f"-{n}..-1.")
-        out.append(idx)
-    return sorted(set(out))
 
 
 class Context:
@@ -136,7 +104,7 @@ class Context:
     @property
     def model(self):
         if self._model is None:
-            from .models import load_model
+            from ..model.loading import load_model
 
             t = time.perf_counter()
             self._model = load_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
@@ -148,7 +116,7 @@ class Context:
     def tokenizer(self):
         """The checkpoint's own tokenizer (its BOS policy), without loading the weights when they are not needed."""
         if self._tokenizer is None:
-            from .models import checkpoint_tokenizer, load_tokenizer
+            from ..model.loading import checkpoint_tokenizer, load_tokenizer
 
             self._tokenizer = (checkpoint_tokenizer(self._model) if self._model is not None else
                                load_tokenizer(self.config.model, revision=self.config.revision))
@@ -157,7 +125,7 @@ class Context:
     @property
     def identity(self) -> dict:
         if self._identity is None:
-            from .models import model_identity
+            from ..model.loading import model_identity
 
             self._identity = model_identity(self.config.model, self.config.revision)
         return self._identity
@@ -169,7 +137,7 @@ class Context:
         meta = self.folder / "model.json"
         if meta.exists():
             return read_json(meta)["n_layers"]
-        from .models import load_config, resolve
+        from ..model.loading import load_config, resolve
 
         source, local = resolve(self.config.model)
         cfg = load_config(source, local=local, revision=self.config.revision)
@@ -183,7 +151,7 @@ class Context:
         return resolve_layers(spec, self.n_layers(), self.config.layers)
 
     def _acts_key(self, token_ids: Sequence[Sequence[int]], layers, readings, label_tokens, model_id) -> str:
-        from .extract import prompt_digest
+        from ..model.collect import prompt_digest
 
         return content_key(model_id or self.identity, self.config.dtype, prompt_digest([list(t) for t in token_ids]),
                            sorted(layers), sorted(readings), list(label_tokens) if label_tokens is not None else None,
@@ -207,7 +175,7 @@ class Context:
         whose identity is then ``model_id``) and saved. Loading checks every file's digest and the stored prompt
         digest; a damaged set is collected again, with one warning. Under the set's lock, so that two sweeps asking
         for it at once collect it once."""
-        from .extract import Activations, collect, prompt_digest
+        from ..model.collect import Activations, collect, prompt_digest
 
         ids = self.token_ids(prompts)
         path = self.acts_path(label, ids, layers=layers, readings=readings, label_tokens=label_tokens,
@@ -246,7 +214,7 @@ class Context:
 
     def site_dims(self) -> dict[str, int]:
         """Widths of the readings (from the config, no weights loaded): v, z, resid, attn_entropy."""
-        from .models import load_config, resolve
+        from ..model.loading import load_config, resolve
 
         source, local = resolve(self.config.model)
         cfg = load_config(source, local=local, revision=self.config.revision)
@@ -272,7 +240,7 @@ class Run:
     @property
     def rows(self) -> list[Row]:
         """Every number of the run, as tidy rows."""
-        from .report.view import RunView
+        from ..report.view import RunView
 
         return RunView.load(self.folder).rows()
 
@@ -280,25 +248,25 @@ class Run:
         """The tidy rows as a pandas DataFrame (one row per number; scope keys as columns)."""
         import pandas as pd
 
-        from .results import records
+        from ..core.results import records
 
         return pd.DataFrame(records(self.rows))
 
     def summary(self) -> list:
         """The summary lines (label, value, verdict, paper key) of every finished probe."""
-        from .report.view import RunView
+        from ..report.view import RunView
 
         return RunView.load(self.folder).summary()
 
     def report(self):
         """Build (or rebuild) ``report.html`` from the run folder; the result shows inline in Jupyter."""
-        from .report.html import Report
+        from ..report.html import Report
 
         return Report.build(self.folder)
 
     def figure(self, figure_id: str | None = None):
         """A figure of the run by id (the first one when None), as a plotly figure."""
-        from .report.view import RunView
+        from ..report.view import RunView
 
         figs = [f for f in RunView.load(self.folder).figures() if not isinstance(f.content, str)]
         for f in figs:
@@ -481,7 +449,7 @@ def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None
     the previous results (and the views of them) as they were."""
     import torch
 
-    from .kinds import provenance
+    from ..core.registry import provenance
 
     if ctx._model is not None and not (ctx.folder / "model.json").exists():
         _write_model_json(ctx)
@@ -509,7 +477,7 @@ def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None
 
 
 def _write_model_json(ctx: Context) -> None:
-    from .models import model_info
+    from ..model.loading import model_info
 
     cfg = ctx.model.cfg
     write_json(ctx.folder / "model.json", dict(model_info(ctx.model).to_dict(), n_layers=cfg.n_layers,
@@ -519,9 +487,9 @@ def _write_model_json(ctx: Context) -> None:
 
 def _views(folder: Path) -> None:
     """Rebuild the tidy table and the report from the folder (after every probe, so partial runs are reported)."""
-    from .report.html import build_report
-    from .report.view import RunView
-    from .results import to_csv
+    from ..report.html import build_report
+    from ..report.view import RunView
+    from ..core.results import to_csv
 
     with stage_lock(folder, "views"):  # a concurrent process's rebuild cannot overwrite this one with older rows
         atomic_write_text(folder / "results.csv", to_csv(RunView.load(folder).rows()))

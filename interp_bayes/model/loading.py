@@ -21,8 +21,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import psutil
 import torch
 
-from .errors import ModelLoadError, ModelNotFoundError
-from .store import apply_umask
+from ..core.errors import ModelLoadError, ModelNotFoundError
+from ..core.store import apply_umask
 
 BF16_ABOVE_PARAMS = 3e9  # float32 up to ~3B parameters on CPU, bfloat16 above (DESIGN.md numerics)
 LOAD_OVERHEAD_BYTES = 300 * 2**20  # runtime, tokenizer and activations beside the weights

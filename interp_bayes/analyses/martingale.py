@@ -54,9 +54,9 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from .calibration import kl_bits
-from .stats import bootstrap_means, interval
-from .results import Row
+from ..stats.calibration import kl_bits
+from ..stats import bootstrap_means, interval
+from ..core.results import Row
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class ExchangeableTask:
 
 def sula_setup(task, label_tokens: Sequence[int]) -> ExchangeableTask:
     """The SULA task (``SULATask``, main condition) with the model's label token ids (``task.label_token_ids``)."""
-    from .tasks.icl import CARRIERS, posterior_label1
+    from ..tasks.icl import CARRIERS, posterior_label1
 
     def render(ctx: Context) -> str:
         return task.render([w for w, _ in ctx.examples], [o for _, o in ctx.examples], ctx.query)
@@ -149,9 +149,9 @@ def bijection_contexts(task, ks: Sequence[int], per_k: int, *, seed: int = 0) ->
 
 def model_predictor(model, setup: ExchangeableTask, *, batch_size: int | None = None) -> Predictor:
     """The model's next-token distribution at the end of each rendered context, renormalised over the outcome
-    tokens (``extract.collect`` with ``label_tokens``). Predictions are memoised by prompt: the same prompt in two
+    tokens (``model.collect.collect`` with ``label_tokens``). Predictions are memoised by prompt: the same prompt in two
     calls (today's context and its identity order, say) runs once."""
-    from .extract import collect
+    from ..model.collect import collect
 
     cache: dict[Any, np.ndarray] = {}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral", "gpt2")
 POST_NORM_FAMILIES = ("gemma2", "gemma3")  # a norm after the MLP (post_feedforward_layernorm); not in every fixture

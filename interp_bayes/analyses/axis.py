@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import AxisError
-from .geometry import CONSTANT_RTOL, as_float64, correlations, pca
-from .stats import fit_ridge, group_folds, residual_confounding, residualize
+from ..core.errors import AxisError
+from ..stats import CONSTANT_RTOL, as_float64
+from ..stats.pca import correlations, pca
+from ..stats import fit_ridge, group_folds, residual_confounding, residualize
 
 METHODS = ("pc1", "ridge")
 
@@ -85,7 +86,7 @@ class EntropyAxis:
         """``path/axis.safetensors`` (direction) and ``path/axis.json`` (everything else), atomically."""
         import safetensors.torch
 
-        from .store import atomic_write_bytes, write_json
+        from ..core.store import atomic_write_bytes, write_json
 
         path = Path(path)
         atomic_write_bytes(path / "axis.safetensors", safetensors.torch.save({"direction": self.direction.contiguous()}))
@@ -133,7 +134,7 @@ def _control_matrix(control, n: int) -> tuple[np.ndarray | None, list[str]]:
     if control is None:
         return None, []
     if isinstance(control, dict):
-        from .confounds import covariate_matrix
+        from ..stats.confounds import covariate_matrix
 
         return covariate_matrix(control), list(control)
     c = as_float64(control).reshape(n, -1)
@@ -148,11 +149,11 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     against the exact posterior. subset: indices of the prompts to fit on (the rest stay untouched, for
     cross-fitting against an evaluation set). folds: K for the held-out correlation (K >= 2; 0 or 1 skips it).
     control: nuisance covariates, one row per prompt (a dict of named columns, e.g. from
-    ``confounds.nuisance_columns``, or an [n, c] array): the **conditional axis**. Values and target are
+    ``stats.confounds.nuisance_columns``, or an [n, c] array): the **conditional axis**. Values and target are
     residualised on them (inside each training fold for the held-out number) before PC1 or ridge, so the axis
     follows what entropy does beyond position, length or k; its in-sample and held-out correlations are then
     partial correlations given the covariates. Discrete covariates enter as one indicator per level, length as a
-    spline basis (``confounds.covariate_matrix``). The held-out folds are made of whole ``acts.groups``.
+    spline basis (``stats.confounds.covariate_matrix``). The held-out folds are made of whole ``acts.groups``.
     strata: one label per prompt (e.g. k): the axis then reports its ``residual_confounding``, the share of its
     projection's variance on the fit prompts that lies between strata.
     """

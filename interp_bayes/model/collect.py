@@ -19,9 +19,11 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .errors import NonFiniteActivationError, PromptError
-from .models import checkpoint_tokenizer, model_info, tokenizer_policy
-from .store import MANIFEST, read_json, seal, unseal
+from ..core.errors import NonFiniteActivationError, PromptError
+from .loading import checkpoint_tokenizer, model_info, tokenizer_policy
+from ..core.store import MANIFEST, read_json, seal, unseal
+from ..core.errors import ConfigError
+pass
 
 LN2 = math.log(2.0)
 
@@ -104,7 +106,7 @@ class Activations:
         """Plotly scatter of PC1 vs PC2 of the standardised values at ``layer``, coloured by entropy (bits)."""
         import plotly.graph_objects as go
 
-        from .geometry import pca
+        from ..stats.pca import pca
 
         ratios, _, scores = pca(self.values(layer))
         texts = self.meta.get("texts") or [f"prompt {i}" for i in range(len(self))]
@@ -126,7 +128,7 @@ class Activations:
         """Write ``path/activations.safetensors`` and ``path/activations.json`` (atomically)."""
         import safetensors.torch
 
-        from .store import atomic_write_bytes, atomic_write_text
+        from ..core.store import atomic_write_bytes, atomic_write_text
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -387,3 +389,39 @@ def collect(
     if isinstance(prompts, (list, tuple)) and isinstance(prompts[0], str):
         meta["texts"] = list(prompts)  # so a run folder shows its prompts without the prompt files
     return Activations(out, entropy, token_ids, meta, label_logprobs, next_token, logprobs)
+
+
+PROBE_READINGS = ("resid", "v", "z")
+
+
+@torch.no_grad()
+def query_readings(model, batch, *, layers: list[int] | None = None, readings: tuple[str, ...] = ("resid",),
+                   batch_size: int = 250) -> dict[str, dict[int, torch.Tensor]]:
+    """Activations at every query position of ``batch`` (a ``TaskBatch``), one forward pass per chunk of sequences.
+
+    Returns ``{reading: {layer: [n * Q, dim] float32}}``, rows in sequence-major order (row i * Q + q is sequence
+    i, query q), heads concatenated as in ``model.collect.collect``. ``readings``: any of ``"resid"`` (after the
+    block), ``"v"`` and ``"z"``; ``layers`` default to all.
+    """
+    unknown = set(readings) - set(PROBE_READINGS)
+    if unknown:
+        raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(PROBE_READINGS)}.")
+    from ..core.layers import resolve_layers  # refuses an out-of-range layer instead of wrapping it around
+
+    n_layers = model.cfg.n_layers
+    layers = resolve_layers(layers, n_layers, range(n_layers))
+    device = next(model.parameters()).device
+    pos = batch.query_pos.to(device)
+    got: dict[tuple[str, int], list[torch.Tensor]] = {(r, layer): [] for r in readings for layer in layers}
+
+    def keep(reading: str, layer: int):
+        def hook(act: torch.Tensor, hook) -> None:  # observes only
+            picked = act[:, pos].detach().to("cpu", torch.float32)  # [b, Q, ...]
+            got[(reading, layer)].append(picked.reshape(picked.shape[0] * picked.shape[1], -1))
+        return hook
+
+    fwd_hooks = [(HOOKS[r][0].format(layer=layer), keep(r, layer)) for r in readings for layer in layers]
+    with model.hooks(fwd_hooks=fwd_hooks):
+        for start in range(0, batch.input_ids.shape[0], batch_size):
+            model(batch.input_ids[start : start + batch_size].to(device))
+    return {r: {layer: torch.cat(got[(r, layer)]) for layer in layers} for r in readings}

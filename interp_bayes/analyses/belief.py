@@ -25,96 +25,13 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from .calibration import kl_bits
-from .errors import ConfigError
-from .extract import HOOKS
-from .stats import (as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval,
-                    permutations, r2)
+from ..model.collect import PROBE_READINGS, query_readings
+from ..stats.probe import FLOOR, belief_probe
 
-PROBE_READINGS = ("resid", "v", "z")
-FLOOR = 1e-3
-
-
-@torch.no_grad()
-def query_readings(model, batch, *, layers: list[int] | None = None, readings: tuple[str, ...] = ("resid",),
-                   batch_size: int = 250) -> dict[str, dict[int, torch.Tensor]]:
-    """Activations at every query position of ``batch`` (a ``TaskBatch``), one forward pass per chunk of sequences.
-
-    Returns ``{reading: {layer: [n * Q, dim] float32}}``, rows in sequence-major order (row i * Q + q is sequence
-    i, query q), heads concatenated as in ``extract.collect``. ``readings``: any of ``"resid"`` (after the
-    block), ``"v"`` and ``"z"``; ``layers`` default to all.
-    """
-    unknown = set(readings) - set(PROBE_READINGS)
-    if unknown:
-        raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(PROBE_READINGS)}.")
-    from .sweep import resolve_layers  # refuses an out-of-range layer instead of wrapping it around
-
-    n_layers = model.cfg.n_layers
-    layers = resolve_layers(layers, n_layers, range(n_layers))
-    device = next(model.parameters()).device
-    pos = batch.query_pos.to(device)
-    got: dict[tuple[str, int], list[torch.Tensor]] = {(r, layer): [] for r in readings for layer in layers}
-
-    def keep(reading: str, layer: int):
-        def hook(act: torch.Tensor, hook) -> None:  # observes only
-            picked = act[:, pos].detach().to("cpu", torch.float32)  # [b, Q, ...]
-            got[(reading, layer)].append(picked.reshape(picked.shape[0] * picked.shape[1], -1))
-        return hook
-
-    fwd_hooks = [(HOOKS[r][0].format(layer=layer), keep(r, layer)) for r in readings for layer in layers]
-    with model.hooks(fwd_hooks=fwd_hooks):
-        for start in range(0, batch.input_ids.shape[0], batch_size):
-            model(batch.input_ids[start : start + batch_size].to(device))
-    return {r: {layer: torch.cat(got[(r, layer)]) for layer in layers} for r in readings}
-
-
-def simplex_belief(pred: np.ndarray, floor: float = FLOOR) -> np.ndarray:
-    """Rows clipped at ``floor`` and renormalised: a probability vector from a linear prediction."""
-    clipped = np.maximum(pred, floor)
-    return clipped / clipped.sum(axis=-1, keepdims=True)
-
-
-def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: int = 20, n_boot: int = 1000,
-                 seed: int = 0, floor: float = FLOOR, simplex: bool = True) -> dict[str, Any]:
-    """Cross-fitted linear probe of ``posterior`` [n, H] from ``acts`` [n, d] (see the module docstring).
-
-    ``groups``: the sequence of each row (rows of one sequence share a fold); default: rows are independent.
-    Rows must come in equal-sized groups in sequence-major order for the position-keeping shuffle (as
-    ``query_readings`` gives them); otherwise whole rows are shuffled. ``simplex=False`` skips the KL (for targets
-    that are not distributions, e.g. exact minus window). Returns r2, r2_ci, kl_bits and the shuffled null.
-    """
-    from threadpoolctl import threadpool_limits
-
-    x, y = as_float64(acts), as_float64(posterior)
-    if x.ndim != 2 or y.ndim != 2 or len(x) != len(y):
-        raise ConfigError(f"belief_probe needs acts [n, d] and posterior [n, H] with the same n; got {x.shape} and "
-                          f"{y.shape}.")
-    with threadpool_limits(limits=torch.get_num_threads()):  # BLAS follows torch's thread count (shared cores)
-        return _belief_probe(x, y, groups=groups, folds=folds, n_shuffles=n_shuffles, n_boot=n_boot, seed=seed,
-                             floor=floor, simplex=simplex)
-
-
-def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffles: int, n_boot: int, seed: int,
-                  floor: float, simplex: bool) -> dict[str, Any]:
-    inverse = group_ids(groups, len(x))
-    # permute whole sequences, each row keeping its position, where rows come sequence by sequence; else rows
-    order = group_permutations(inverse, n_shuffles, [seed, 1])
-    if order is None:
-        order = permutations(len(y), n_shuffles, [seed, 1])
-    nulls = [y[o] for o in order]
-    y_hat, *null_hats = cross_fitted_ridge(x, [y, *nulls], inverse, folds=folds, seed=seed)
-    boot = bootstrap_r2(y, y_hat, inverse, n_boot=n_boot, seed=seed)
-    null = [r2(y_null, hat, pooled=True) for y_null, hat in zip(nulls, null_hats)]
-    out = dict(r2=r2(y, y_hat, pooled=True), r2_ci=interval(boot), n=int(len(y)),
-               n_sequences=int(inverse.max()) + 1, dim=int(x.shape[1]), folds=folds,
-               shuffled=dict(mean=float(np.mean(null)), range=interval(null), n=n_shuffles))
-    out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
-    return out
 
 
 @dataclass
@@ -153,9 +70,9 @@ class BeliefProbeResult:
 
 def untrained_like(folder: str | Path, tmp: str | Path, *, seed: int = 0):
     """A bridge of ``folder``'s architecture with a fresh initialisation (``seed``), saved under ``tmp``."""
-    from .models import load_model
-    from .windtunnel.configs import TrainConfig, build_transformer, make_task
-    from .windtunnel.train import save_folder
+    from ..model.loading import load_model
+    from ..windtunnel.configs import TrainConfig, build_transformer, make_task
+    from ..windtunnel.train import save_folder
 
     cfg = TrainConfig.from_dict(json.loads((Path(folder) / "windtunnel.json").read_text())["config"])
     torch.manual_seed(seed)
@@ -173,9 +90,9 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
     Rows: models ``trained`` and ``untrained`` (same architecture, fresh weights) against targets ``exact``,
     ``window-m`` and ``exact-minus-window-m`` (R² only). Every row carries the shuffled null.
     """
-    from .models import load_model
-    from .tasks.filters import window_posterior
-    from .windtunnel.configs import TrainConfig, make_task
+    from ..model.loading import load_model
+    from ..tasks.filters import window_posterior
+    from ..windtunnel.configs import TrainConfig, make_task
 
     folder = Path(folder)
     cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])

@@ -8,8 +8,8 @@ the captured residual instead of computing. Nothing of any family's forward is r
 bridge supports works the same way, and blocks L.. compute exactly what they compute in a full pass.
 
 Several edits run stacked in one forward (copies of the batch, each copy's edit applied to its slice). The last
-block computes its attention output and MLP at the final position only, as in ``extract.collect``
-(``extract.final_position_tail``); there, and in the unembedding, the rows of one copy are few, so those modules
+block computes its attention output and MLP at the final position only, as in ``model.collect.collect``
+(``model.collect.final_position_tail``); there, and in the unembedding, the rows of one copy are few, so those modules
 run per copy (``per_copy``).
 
 ``edited_runs`` runs the unperturbed model and a list of edits that way (``fast=True``), or with a whole forward
@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-HOOK_V = "blocks.{layer}.attn.hook_v"  # where edits act: [batch, pos, n_kv_heads, d_head]
+from .edits import HOOK_V, intervene
+
 EDIT_TOKENS = 4096  # edits are stacked into one forward up to about this many tokens ...
 EDIT_ROWS = 128  # ... and this many prompt copies (each keeps a row of full-vocabulary logits)
 # A matrix product computes each row the same way whatever its number of rows from this many rows on (MKL takes
@@ -122,7 +123,7 @@ def edited_runs(model, prompts: list, edits: list[dict[int, Callable]], *, layer
                 label_tokens: list[int], batch_size: int | None = None, fast: bool = True,
                 tick: Callable[[int], object] = lambda n: None) -> list[EditedRun]:
     """The unperturbed run, then one run per edit (layer -> operator on ``hook_v``, layers non-negative, as
-    ``interventions.resolve_edits`` gives them): entropy over ``label_tokens``, their log-probabilities, KL from
+    ``model.edits.resolve_edits`` gives them): entropy over ``label_tokens``, their log-probabilities, KL from
     the unperturbed run and the final-token values at ``layers``. ``tick(n)`` reports n prompt runs done."""
     return (_fast_runs if fast else _naive_runs)(model, prompts, edits, layers=layers, label_tokens=label_tokens,
                                                  batch_size=batch_size, tick=tick)
@@ -131,8 +132,7 @@ def edited_runs(model, prompts: list, edits: list[dict[int, Callable]], *, layer
 def _naive_runs(model, prompts: list, edits: list[dict], *, layers: list[int], label_tokens: list[int],
                 batch_size: int | None, tick: Callable[[int], object]) -> list[EditedRun]:
     """Each run a whole forward pass over every prompt: ``collect`` under ``intervene``."""
-    from .extract import collect
-    from .interventions import intervene
+    from .collect import collect
 
     def run(edit: dict) -> tuple[EditedRun, torch.Tensor]:
         with intervene(model, edit):
@@ -167,8 +167,8 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     """Per batch of prompts, the unperturbed forward keeps the residual entering the first edited block of every
     edit; the edits then run from there, several stacked into one forward. Readings before an edit's first block
     are the unperturbed ones."""
-    from .extract import (check_prompts, checked, final_logits, final_position_tail, length_batches,
-                          next_token_entropy, reading_hooks, tokenize)
+    from .collect import (check_prompts, checked, final_logits, final_position_tail, length_batches,
+        next_token_entropy, reading_hooks, tokenize)
 
     token_ids = tokenize(model, prompts)
     check_prompts(token_ids, prompts, model.cfg.n_ctx)

@@ -11,11 +11,14 @@ from pathlib import Path
 
 from .errors import PromptError
 
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # interp_bayes/
+
+
 def package_data_dir(name: str) -> Path:
     """A top-level data folder (``prompts``, ``probes``): the source tree's, or the copy an installed wheel carries
     as ``interp_bayes/_<name>``."""
-    source = Path(__file__).resolve().parent.parent / name
-    return source if source.is_dir() else Path(__file__).resolve().parent / f"_{name}"
+    source = PACKAGE_DIR.parent / name
+    return source if source.is_dir() else PACKAGE_DIR / f"_{name}"
 
 
 PROMPTS_DIR = package_data_dir("prompts")

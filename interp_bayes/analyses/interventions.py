@@ -1,0 +1,186 @@
+"""Interventions on the entropy axis during in-context learning, against control axes, and what they change in the
+geometry and in the Bayesian behaviour (Paper III §4.6, methods §3.8). The operators are ``model.edits``; the controls
+``analyses.controls``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..stats import as_float64
+from ..stats import bootstrap, interval, percentile_of
+from ..model.edits import OPS, make_op, resolve_edits
+from ..model.prefix import EditedRun, edited_runs
+from .controls import FULL_CONTROLS, control_directions
+
+
+@dataclass
+class InterventionResult:
+    """One row per (layer set, operator, axis kind, draw), the per-prompt baseline, and the forward-pass count."""
+
+    rows: list[dict]
+    baseline: dict
+    n_forward_prompts: int
+    true_entropy: dict  # (layer set, op) -> [n] model entropy under the true-axis edit, for bootstrap intervals
+
+    def table(self):
+        """The rows as a pandas DataFrame (tidy: one measurement set per row)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def figure(self, metric: str = "mae_k_ge_1"):
+        """Plotly strip of ``metric`` per layer set and operator: every control draw, and the true axis."""
+        import plotly.express as px
+
+        df = self.table()
+        df["edit"] = df.layer_set.map("L{}".format) + " " + df.op
+        return px.strip(df, x="edit", y=metric, color="kind", template="plotly_white",
+                        title=f"{metric}: true axis vs control draws (baseline {self.baseline[metric]:.4f})")
+
+    def _repr_html_(self) -> str:
+        cols = ["layer_set", "op", "kind", "draw", "mae_k_ge_1", "corr_bayes", "kl_bits", "accuracy"]
+        return self.table()[cols].to_html(index=False, float_format="%.4f", max_rows=40)
+
+
+def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
+    """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with
+    Bayes entropy and label accuracy for k >= 1."""
+    from ..stats.calibration import compare_to_bayes
+
+    cmp = compare_to_bayes(entropy, task["bayes_entropy"], groups=task["k"], predicted=label_logprobs.argmax(-1),
+                           latent=task["latent"])
+    pos = cmp["k_ge_1"]
+    out = dict(mae=cmp["all"]["mae"], mae_k_ge_1=pos["mae"], corr_bayes=pos["corr_with_bayes"]["pearson"],
+               accuracy=pos["accuracy"])
+    out.update({f"mae_k{k}": b["mae"] for k, b in cmp["per_group"].items()})
+    return out
+
+
+def _geometry(run: EditedRun, directions: dict[int, np.ndarray], spread: dict[int, float] | None = None) -> dict:
+    """corr(v_L . u_L, model entropy) at every collected layer L (on the values this run actually computed).
+
+    Where the projection has lost its spread (below 1e-6 of ``spread[L]``, the unperturbed one: after a cut on
+    that axis) the correlation would be one of rounding noise, so it is NaN.
+    """
+    from ..stats.pca import correlations
+
+    h = as_float64(run.entropy)
+    out = {}
+    for layer, u in directions.items():
+        proj = as_float64(run.values[layer]) @ u
+        flat = spread is not None and proj.std() < 1e-6 * spread[layer]
+        out[f"geom_L{layer}"] = float("nan") if flat else correlations(proj, h)["pearson"]
+    return out
+
+
+def plan_edits(model, axes: dict, fit_values: dict, *, layer_sets: list[list[int]], ops=OPS,
+               controls: dict[str, int], seed: int = 0) -> tuple[list[tuple], list[dict], dict]:
+    """Every edit of the protocol: ([(layer set, op, kind, draw)], the matching edits layer -> operator, and per
+    layer the control draws ``control_directions`` gave), kinds ordered true axis first, then the families of
+    ``controls`` in their order."""
+    drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, controls, layer=layer, seed=seed)
+             for layer in sorted(axes)}
+    kinds = [("true", 0)] + [(fam, i) for fam, count in controls.items() for i in range(count)]
+    plan = [(layer_set, op, kind, draw) for layer_set in layer_sets for op in ops for kind, draw in kinds]
+    edits = [resolve_edits(model, {layer: make_op(op, torch.tensor(
+        as_float64(axes[layer].direction) if kind == "true" else drawn[layer][kind][0][draw]), axes[layer].sigma)
+        for layer in layer_set}) for layer_set, op, kind, draw in plan]
+    return plan, edits, drawn
+
+
+def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, *,
+                      label_tokens: list[int], layer_sets: list[list[int]], ops=OPS,
+                      controls: dict[str, int] | None = None, seed: int = 0, batch_size: int | None = None,
+                      fast: bool = True, progress: bool = True) -> InterventionResult:
+    """Edit the value axis of each layer set with each operator, for the true axes and every control draw.
+
+    axes: layer -> EntropyAxis (fitted on other prompts: cross-fitting); fit_values: layer -> the values the axes
+    were fitted on (for the matched and PC controls); task: columns ``k``, ``latent``, ``bayes_entropy`` of the
+    evaluation ``prompts``; controls: control family (``CONTROL_FAMILIES``) -> number of draws, by default
+    ``FULL_CONTROLS``.
+    Geometry is read at every axis layer from the values each run computes: at an edited layer it sees the edited
+    values (nearly tautological after a cut, as in the paper), at later layers values computed downstream of the edit.
+
+    fast: reuse what an edit cannot change (the blocks before its first edited layer) and stack several edits into
+    one forward (``prefix.edited_runs``); the same numbers as ``fast=False``, a whole forward pass per edit (bit for
+    bit on CPU with MKL; the tests check 1e-5 relative on every model family and on SmolLM2).
+    """
+    from tqdm.auto import tqdm
+
+    from ..stats.pca import correlations
+
+    controls = controls if controls is not None else FULL_CONTROLS
+    layers = sorted(axes)
+    true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
+    plan, edits, drawn = plan_edits(model, axes, fit_values, layer_sets=layer_sets, ops=ops, controls=controls,
+                                    seed=seed)
+
+    with tqdm(total=len(edits) * len(prompts), desc="interventions", unit="prompt", disable=not progress) as bar:
+        base, *runs = edited_runs(model, prompts, edits, layers=layers, label_tokens=label_tokens,
+                                  batch_size=batch_size, fast=fast, tick=bar.update)
+    spread = {layer: float((as_float64(base.values[layer]) @ u).std()) for layer, u in true_dirs.items()}
+    baseline = dict(_behaviour(as_float64(base.entropy), base.label_logprobs.numpy(), task),
+                    **_geometry(base, true_dirs), entropy=as_float64(base.entropy).tolist())
+    rows, true_entropy = [], {}
+    for (layer_set, op, kind, draw), run in zip(plan, runs):
+        h = as_float64(run.entropy)
+        row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
+                   kl_bits=float(run.kl.mean()),
+                   corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
+                   **_behaviour(h, run.label_logprobs.numpy(), task), **_geometry(run, true_dirs, spread))
+        later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
+        row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
+        if kind != "true" and drawn[layer_set[0]][kind][1] is not None:  # a family matching variance
+            row["variance_ratio"] = float(np.mean([drawn[layer][kind][1][draw] for layer in layer_set]))
+        rows.append(row)
+        if kind == "true":
+            true_entropy[(row["layer_set"], op)] = h
+    return InterventionResult(rows, baseline, (1 + len(plan)) * len(prompts), true_entropy)
+
+
+def summarize(result: InterventionResult, task: dict, *,
+              metrics=("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream"),
+              n_boot: int = 1000, seed: int = 0) -> list[dict]:
+    """Per (layer set, op, metric): the true axis' effect (value minus baseline; KL as is), the control families'
+    effects (mean and 95% range), the true effect's percentile within each family, and for the MAE a bootstrap
+    interval over prompts (over whole ``task["groups"]`` where given: a wind tunnel's sequences)."""
+    import pandas as pd
+
+    df = pd.DataFrame(result.rows)
+    base = result.baseline
+    bayes, k = np.asarray(task["bayes_entropy"]), np.asarray(task["k"])
+    base_h = np.asarray(base["entropy"])
+    pos = np.flatnonzero(k >= 1)
+    layers = sorted(int(key[len("geom_L"):]) for key in base if key.startswith("geom_L"))
+
+    def base_metric(metric: str, layer_set: str) -> float:
+        if metric != "geom_downstream":
+            return base[metric]
+        later = [base[f"geom_L{layer}"] for layer in layers if layer > max(map(int, layer_set.split("+")))]
+        return float(np.mean(later)) if later else float("nan")
+
+    out = []
+    for (layer_set, op), group in df.groupby(["layer_set", "op"], sort=False):
+        true = group[group.kind == "true"].iloc[0]
+        for metric in metrics:
+            ref = 0.0 if metric == "kl_bits" else base_metric(metric, layer_set)
+            if np.isnan(ref):  # no layer after the edited ones: no downstream geometry to compare
+                continue
+            entry = dict(layer_set=layer_set, op=op, metric=metric, baseline=ref, true_effect=true[metric] - ref)
+            for fam, g in group[group.kind != "true"].groupby("kind"):
+                eff = g[metric].to_numpy() - ref
+                entry[f"{fam}_mean"] = float(np.nanmean(eff))
+                entry[f"{fam}_range"] = interval(eff)
+                entry[f"{fam}_percentile"] = percentile_of(entry["true_effect"], eff)
+                entry[f"{fam}_n"] = int(len(eff))
+            if metric == "mae_k_ge_1":
+                h = result.true_entropy[(layer_set, op)]
+                err = np.abs(h[pos] - bayes[pos]) - np.abs(base_h[pos] - bayes[pos])  # per prompt, paired
+                groups = None if task.get("groups") is None else np.asarray(task["groups"])[pos]
+                _, low, high = bootstrap(lambda idx: err[idx].mean(), len(pos), groups, n_boot=n_boot, seed=seed)
+                entry["true_effect_ci"] = [float(low[0]), float(high[0])]
+            out.append(entry)
+    return out

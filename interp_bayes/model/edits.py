@@ -1,0 +1,215 @@
+"""Edit operators on an axis or subspace of value space inside the forward pass, and the hooks that apply them
+(Paper III §4.6, methods §3.8).
+
+Operators act on ``blocks.L.attn.hook_v`` at every position, in the concatenated key/value-head space of layer L
+(``n_kv_heads * d_head``: the native GQA space, not the repeated per-query-head one), before attention mixes the
+values; u is a unit vector there:
+
+- ``AxisCut(u, scale=0)``: v - (1 - scale)(v.u)u   (scale 1 is the identity; 0 removes the component)
+- ``AxisOnly(u)``: (v.u)u
+- ``AxisShift(u, sigma, delta_sigma=1)``: v + delta_sigma * sigma * u
+
+Their k-dimensional generalisations, ``SubspaceCut(basis)`` (v - Pv) and ``SubspaceOnly(basis)`` (Pv), with P the
+orthogonal projector onto the span of a [k, dim] basis, act at any of three sites (``site=`` of ``intervene``):
+``"v"`` (``hook_v``), ``"z"`` (the attention output per query head, ``hook_z``) or ``"resid"`` (the residual stream
+after the block, ``hook_resid_post``).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+import torch
+from ..core.errors import InterventionError
+
+
+HOOK_V = "blocks.{layer}.attn.hook_v"  # where edits act: [batch, pos, n_kv_heads, d_head]
+SITES = {"v": HOOK_V,  # [batch, pos, n_kv_heads, d_head]
+         "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, n_heads, d_head]
+         "resid": "blocks.{layer}.hook_resid_post"}  # [batch, pos, d_model]
+
+
+def site_dim(model, site: str) -> int:
+    """The flattened width of an edit site: n_kv * d_head for "v", n_heads * d_head for "z", d_model for "resid"."""
+    cfg = model.cfg
+    dims = {"v": (cfg.n_key_value_heads or cfg.n_heads) * cfg.d_head, "z": cfg.n_heads * cfg.d_head,
+            "resid": cfg.d_model}
+    if site not in dims:
+        raise InterventionError(f"Unknown edit site '{site}'; choose from {', '.join(SITES)}.")
+    return dims[site]
+
+
+def unit_direction(direction) -> torch.Tensor:
+    u = getattr(direction, "direction", direction)
+    u = torch.as_tensor(u, dtype=torch.float32)
+    return u / u.norm()
+
+
+def _init_direction(op) -> None:
+    """Normalise an operator's direction (a tensor, array or EntropyAxis) and take the axis' layer when given one."""
+    if op.layer is None:
+        object.__setattr__(op, "layer", getattr(op.direction, "layer", None))
+    object.__setattr__(op, "direction", unit_direction(op.direction))
+
+
+def _flat(v: torch.Tensor, dim: int) -> torch.Tensor:
+    """[..., heads, d_head] -> [..., heads * d_head] when that is the edit's width; [..., dim] stays as it is."""
+    return v.reshape(*v.shape[:-2], -1) if v.dim() >= 3 and v.shape[-1] != dim and v.shape[-2] * v.shape[-1] == dim \
+        else v
+
+
+def _along(v: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flatten [..., n_kv, d_head] to [..., dim] and return it with the component (v.u) along u."""
+    flat = _flat(v, u.numel())
+    uu = u.to(v.dtype).to(v.device)
+    return flat, (flat @ uu)[..., None] * uu
+
+
+@dataclass(frozen=True, eq=False)
+class AxisCut:
+    """v - (1 - scale)(v.u)u: scale 0 removes the axis, 1 leaves v as it is."""
+
+    direction: torch.Tensor
+    scale: float = 0.0
+    layer: int | None = None  # the layer the axis was fitted at (taken from an EntropyAxis); checked by intervene
+
+    def __post_init__(self) -> None:
+        _init_direction(self)
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        flat, par = _along(v, self.direction)
+        return (flat - (1.0 - self.scale) * par).reshape(v.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class AxisOnly:
+    """(v.u)u: keep only the component along the axis."""
+
+    direction: torch.Tensor
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        _init_direction(self)
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return _along(v, self.direction)[1].reshape(v.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class AxisShift:
+    """v + delta_sigma * sigma * u: move every value along the axis by delta_sigma standard deviations."""
+
+    direction: torch.Tensor
+    sigma: float
+    delta_sigma: float = 1.0
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        _init_direction(self)
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        flat, _ = _along(v, self.direction)
+        step = (self.delta_sigma * self.sigma) * self.direction.to(v.dtype).to(v.device)
+        return (flat + step).reshape(v.shape)
+
+
+def orthonormal_rows(basis, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[k, dim] -> an orthonormal basis of the same span (QR in float64), in ``dtype``; a rank-deficient basis is
+    refused."""
+    b = torch.as_tensor(getattr(basis, "direction", basis), dtype=torch.float64)
+    b = b[None] if b.dim() == 1 else b
+    q, r = torch.linalg.qr(b.T)
+    if (r.diagonal().abs() <= 1e-10 * r.diagonal().abs().max()).any():
+        raise InterventionError(f"The {b.shape[0]} basis vectors span fewer dimensions than there are vectors; "
+                                "pass linearly independent rows.")
+    return q.T.to(dtype).contiguous()
+
+
+@dataclass(frozen=True, eq=False)
+class SubspaceCut:
+    """v - Pv: remove the span of ``basis`` ([k, dim], orthonormalised here) from every vector at the site."""
+
+    basis: torch.Tensor
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "basis", orthonormal_rows(self.basis))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        q = self.basis.to(v.dtype).to(v.device)  # [k, dim]
+        flat = _flat(v, q.shape[1])
+        return (flat - (flat @ q.T) @ q).reshape(v.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class SubspaceOnly:
+    """Pv: keep only the component in the span of ``basis`` ([k, dim], orthonormalised here)."""
+
+    basis: torch.Tensor
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "basis", orthonormal_rows(self.basis))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        q = self.basis.to(v.dtype).to(v.device)
+        return ((_flat(v, q.shape[1]) @ q.T) @ q).reshape(v.shape)
+
+
+OPS = ("cut", "only", "shift+", "shift-")
+
+
+def make_op(kind: str, direction, sigma: float):
+    """An operator by name: ``cut``, ``only``, ``shift+`` (+1 sigma) or ``shift-`` (-1 sigma)."""
+    if kind == "cut":
+        return AxisCut(direction)
+    if kind == "only":
+        return AxisOnly(direction)
+    if kind in ("shift+", "shift-"):
+        return AxisShift(direction, sigma, 1.0 if kind == "shift+" else -1.0)
+    raise InterventionError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS)}.")
+
+
+def _check_edit(model, idx: int, op, site: str, allow_layer_mismatch: bool) -> None:
+    """Refuse an axis fitted at another layer, and a direction of the wrong size, with one sentence each."""
+    fitted = getattr(op, "layer", None)
+    if fitted is not None and fitted != idx and not allow_layer_mismatch:
+        raise InterventionError(f"The axis was fitted at layer {fitted} but would be applied at layer {idx}; apply it "
+                                "where it was fitted, or pass allow_layer_mismatch=True to do this on purpose.")
+    vectors = getattr(op, "direction", getattr(op, "basis", None))
+    dim = site_dim(model, site)
+    if vectors is not None and vectors.shape[-1] != dim:
+        cfg = model.cfg
+        shape = {"v": f"{cfg.n_key_value_heads or cfg.n_heads} KV heads x {cfg.d_head} = {dim}",
+                 "z": f"{cfg.n_heads} heads x {cfg.d_head} = {dim}", "resid": f"d_model = {dim}"}[site]
+        raise InterventionError(f"The direction has {vectors.shape[-1]} numbers but {SITES[site].format(layer=idx)} "
+                                f"has {shape}; fit the axis on this model's readings at that site.")
+
+
+def resolve_edits(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *, site: str = "v",
+                  allow_layer_mismatch: bool = False) -> dict[int, Callable[[torch.Tensor], torch.Tensor]]:
+    """``edits`` keyed by non-negative layer index, after refusing a layer out of range, an axis fitted at another
+    layer (unless ``allow_layer_mismatch``) and a direction of the wrong size for ``site``."""
+    n = model.cfg.n_layers
+    out = {}
+    for layer, op in edits.items():
+        idx = layer + n if layer < 0 else layer
+        if not 0 <= idx < n:
+            raise InterventionError(f"Layer {layer} is out of range for a model with {n} layers.")
+        _check_edit(model, idx, op, site, allow_layer_mismatch)
+        out[idx] = op
+    return out
+
+
+@contextmanager
+def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *, site: str = "v",
+              allow_layer_mismatch: bool = False) -> Iterator:
+    """Apply ``edits[layer]`` at ``site`` of each layer (negative: from the end) at every position: ``"v"`` (hook_v,
+    the default), ``"z"`` (hook_z) or ``"resid"`` (hook_resid_post). The hooks are removed on exit, also after an
+    exception. An operator built from an ``EntropyAxis`` remembers the axis' layer, and applying it at another layer
+    is refused unless ``allow_layer_mismatch`` is set."""
+    resolved = resolve_edits(model, edits, site=site, allow_layer_mismatch=allow_layer_mismatch)
+    hooks = [(SITES[site].format(layer=idx), lambda v, hook, op=op: op(v)) for idx, op in resolved.items()]
+    with model.hooks(fwd_hooks=hooks):
+        yield model

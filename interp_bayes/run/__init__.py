@@ -1,0 +1,1 @@
+"""Running recipes: the sweep and its context, configs, grids (local or Ray)."""

@@ -1,0 +1,57 @@
+""""""
+
+from __future__ import annotations
+
+from typing import Any
+import numpy as np
+import torch
+from .calibration import kl_bits
+from ..core.errors import ConfigError
+from . import as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2
+
+
+FLOOR = 1e-3
+
+
+def simplex_belief(pred: np.ndarray, floor: float = FLOOR) -> np.ndarray:
+    """Rows clipped at ``floor`` and renormalised: a probability vector from a linear prediction."""
+    clipped = np.maximum(pred, floor)
+    return clipped / clipped.sum(axis=-1, keepdims=True)
+
+
+def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: int = 20, n_boot: int = 1000,
+                 seed: int = 0, floor: float = FLOOR, simplex: bool = True) -> dict[str, Any]:
+    """Cross-fitted linear probe of ``posterior`` [n, H] from ``acts`` [n, d] (see the module docstring).
+
+    ``groups``: the sequence of each row (rows of one sequence share a fold); default: rows are independent.
+    Rows must come in equal-sized groups in sequence-major order for the position-keeping shuffle (as
+    ``query_readings`` gives them); otherwise whole rows are shuffled. ``simplex=False`` skips the KL (for targets
+    that are not distributions, e.g. exact minus window). Returns r2, r2_ci, kl_bits and the shuffled null.
+    """
+    from threadpoolctl import threadpool_limits
+
+    x, y = as_float64(acts), as_float64(posterior)
+    if x.ndim != 2 or y.ndim != 2 or len(x) != len(y):
+        raise ConfigError(f"belief_probe needs acts [n, d] and posterior [n, H] with the same n; got {x.shape} and "
+                          f"{y.shape}.")
+    with threadpool_limits(limits=torch.get_num_threads()):  # BLAS follows torch's thread count (shared cores)
+        return _belief_probe(x, y, groups=groups, folds=folds, n_shuffles=n_shuffles, n_boot=n_boot, seed=seed,
+                             floor=floor, simplex=simplex)
+
+
+def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffles: int, n_boot: int, seed: int,
+                  floor: float, simplex: bool) -> dict[str, Any]:
+    inverse = group_ids(groups, len(x))
+    # permute whole sequences, each row keeping its position, where rows come sequence by sequence; else rows
+    order = group_permutations(inverse, n_shuffles, [seed, 1])
+    if order is None:
+        order = permutations(len(y), n_shuffles, [seed, 1])
+    nulls = [y[o] for o in order]
+    y_hat, *null_hats = cross_fitted_ridge(x, [y, *nulls], inverse, folds=folds, seed=seed)
+    boot = bootstrap_r2(y, y_hat, inverse, n_boot=n_boot, seed=seed)
+    null = [r2(y_null, hat, pooled=True) for y_null, hat in zip(nulls, null_hats)]
+    out = dict(r2=r2(y, y_hat, pooled=True), r2_ci=interval(boot), n=int(len(y)),
+               n_sequences=int(inverse.max()) + 1, dim=int(x.shape[1]), folds=folds,
+               shuffled=dict(mean=float(np.mean(null)), range=interval(null), n=n_shuffles))
+    out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
+    return out
