@@ -24,10 +24,10 @@ def time_training(task: str, preset: str, steps: int) -> tuple[float, int, int]:
     opt, sched = make_optimizer(model, cfg)
     rng = np.random.default_rng(0)
     batches = [the_task.sample(cfg.batch_size, seed=rng) for _ in range(steps + 1)]
-    train_step(model, opt, sched, batches[0], cfg, the_task.hypothesis_ids)
+    train_step(model, opt, sched, batches[0], cfg, the_task)
     start = time.perf_counter()
     for batch in batches[1:]:
-        train_step(model, opt, sched, batch, cfg, the_task.hypothesis_ids)
+        train_step(model, opt, sched, batch, cfg, the_task)
     return steps / (time.perf_counter() - start), cfg.batch_size, n_params(model)
 
 

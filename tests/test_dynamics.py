@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interp_bayes import dynamics as dy
+from interp_bayes.dynamics.cli import markdown_tables
 from interp_bayes.tasks.sticky import sample_sticky
 
 torch.set_num_threads(1)
@@ -157,7 +158,7 @@ def test_sticky_comparison_summary():
         assert all(sp >= 1 for sp in row["speedup_per_seed"])
     assert len(s["loss_curves"]["sgd"]) == 21
     assert s["methods"]["sgd"]["manifold"]["step"] == [0, 10, 20]
-    text = dy.markdown_tables({"laws": dy.law_check(3), "law_cases": 3, "sticky": s, "deep": [], "threads": 1,
+    text = markdown_tables({"laws": dy.law_check(3), "law_cases": 3, "sticky": s, "deep": [], "threads": 1,
                                "seconds": {"laws": 0.1, "sticky": 1.0, "deep": 0.0}})
     assert "| em_closed |" in text and "d_scores" in text
     json.dumps(s)  # tidy: plain JSON
@@ -171,8 +172,8 @@ def test_sticky_comparison_in_processes_gives_the_same_numbers():
         assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
 
 
-def test_log_interval_brackets_the_geometric_mean():
-    centre, lo, hi = dy._log_interval([2.0, 2.5, 3.0, 2.2, 2.8])
+def test_geometric_mean_interval_brackets_the_geometric_mean():
+    centre, lo, hi = dy.geometric_mean_interval([2.0, 2.5, 3.0, 2.2, 2.8])
     assert lo < centre < hi and centre == pytest.approx(math.exp(sum(map(math.log, [2.0, 2.5, 3.0, 2.2, 2.8])) / 5))
 
 

@@ -133,7 +133,8 @@ def test_gguf_path_is_explained(tmp_path):
 
 def test_evaluate_windtunnel_takes_a_task_name():
     from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
-    from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel
+    from interp_bayes.windtunnel.configs import load_windtunnel
+    from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 
     model, _ = load_windtunnel(WINDTUNNELS_DIR / "bijection-cpu")
     out = evaluate_windtunnel(model, "bijection", n=50)

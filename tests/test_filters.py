@@ -20,7 +20,7 @@ from interp_bayes.tasks.filters import (
 )
 from interp_bayes.tasks.hmm import HMMTask, mixing_times
 from interp_bayes.stats.calibration import kl_bits
-from interp_bayes.windtunnel.evaluate import compare_with_baselines, paired_margin
+from interp_bayes.windtunnel.discrete import compare_with_baselines, paired_margin
 
 torch.set_num_threads(1)
 

@@ -228,6 +228,18 @@ def tiny_kalman(tmp_path, arch="transformer", **kw):
     return model, cfg, task
 
 
+def test_generic_evaluator_passes_the_options_on_and_baselines_can_be_left_out(tmp_path):
+    tiny_kalman(tmp_path)
+    full = evaluate_kalman(tmp_path, n=12, lengths=[8], batch_size=5)[8]
+    assert set(full["windows"]) == {"1", "2", "4"} and "target" in full
+    bare = evaluate_windtunnel(tmp_path, n=12, lengths=[8], batch_size=5, baselines=False)[8]
+    assert bare["windows"] == {} and "target" not in bare
+    assert {k: v for k, v in bare.items() if k != "windows"} == {k: v for k, v in full.items()
+                                                                  if k not in ("windows", "target")}
+    with pytest.raises(TypeError, match="position_h"):  # an option no evaluator has is refused, not ignored
+        evaluate_windtunnel(tmp_path, n=12, position_h=None)
+
+
 def test_bridge_on_continuous_inputs_equals_the_training_module_and_hooks_fire(tmp_path):
     hf, cfg, task = tiny_kalman(tmp_path, task_kwargs=dict(state_dim=3, obs_dim=2, n_steps=8))
     bridge = load_model(tmp_path)

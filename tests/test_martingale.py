@@ -231,7 +231,7 @@ def test_model_predictor_matches_the_wind_tunnel_evaluation():
 
     from interp_bayes.model.loading import load_model
     from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
-    from interp_bayes.windtunnel.evaluate import restricted_log_probs
+    from interp_bayes.windtunnel.discrete import restricted_log_probs
 
     model = load_model(WINDTUNNELS_DIR / "bijection-cpu")
     task = BijectionTask()

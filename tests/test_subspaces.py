@@ -9,7 +9,7 @@ from interp_bayes.core.errors import ConfigError
 from interp_bayes.model.edits import AxisCut, intervene
 from interp_bayes.model.loading import load_model
 from interp_bayes.windtunnel.configs import build_transformer, make_config, make_task
-from interp_bayes.windtunnel.evaluate import restricted_log_probs
+from interp_bayes.windtunnel.discrete import restricted_log_probs
 from interp_bayes.analyses.subspaces import every_position, fit_subspaces, sequence_losses, subspace_ablation
 from interp_bayes.windtunnel.train import save_folder
 

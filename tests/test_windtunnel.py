@@ -10,8 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from interp_bayes.model.loading import load_model
-from interp_bayes.windtunnel.configs import build_mlp, build_transformer, make_config, make_task, n_params
-from interp_bayes.windtunnel.evaluate import evaluate_windtunnel, load_windtunnel, restricted_log_probs
+from interp_bayes.tasks.bijection import BijectionTask
+from interp_bayes.windtunnel.configs import (PRESETS, TASKS, build_mlp, build_model, build_transformer, load_windtunnel,
+    make_config, make_task, n_params)
+from interp_bayes.windtunnel.discrete import BIJECTION, restricted_log_probs
+from interp_bayes.windtunnel.entry import TaskEntry
+from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
+from interp_bayes.windtunnel.table import TASK_TABLE, task_entry
 from interp_bayes.windtunnel.tokenizer import build_tokenizer
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.windtunnel.configs import curriculum_tasks
@@ -21,6 +26,7 @@ from interp_bayes.windtunnel.train import (
     save_folder,
     task_at,
     train_main,
+    train_step,
     train_windtunnel,
 )
 
@@ -122,6 +128,57 @@ def test_hmm_training_drives_kl_well_below_its_start(tmp_path):
     assert final["n"] == 256
     assert final["vs_best_window"]["best_window"] == "window-4"  # the whole sequence: the exact filter
     assert final["baselines"]["uniform"]["kl_bits"] > final["kl_bits"]
+
+
+def test_every_task_has_an_entry_in_the_table():
+    assert set(TASK_TABLE) == set(TASKS) == set(PRESETS)
+    with pytest.raises(ConfigError, match="Unknown wind-tunnel task 'ising'; known tasks: bijection, hmm, kalman"):
+        task_entry("ising")
+
+
+@pytest.mark.parametrize("task", sorted(TASK_TABLE))
+def test_train_step_takes_the_loss_of_the_tasks_entry(task):
+    cfg = make_config(task, "tiny", batch_size=4)
+    the_task = make_task(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, the_task).train()
+    opt, sched = make_optimizer(model, cfg)
+    batch = the_task.sample(4, seed=0)
+    expected = TASK_TABLE[task].loss(model, the_task, batch, cfg.loss).item()
+    loss, grad_norm = train_step(model, opt, sched, batch, cfg, the_task)
+    assert loss == expected and grad_norm > 0 and sched.last_epoch == 1
+
+
+class ToyTask(BijectionTask):
+    name = "toy"
+
+
+def test_a_new_task_plugs_in_with_its_entry_alone(tmp_path, monkeypatch):
+    """A task the trainer and evaluator have never heard of: its class, presets and one table entry, whose
+    held-out metrics and evaluator are the ones the generic loop logs and saves."""
+    calls = {"held_out": 0, "evaluate": []}
+
+    def held_out(model, task, batch):
+        calls["held_out"] += 1
+        return BIJECTION.held_out(model, task, batch) | {"toy_metric": 1.0}
+
+    def evaluate(model, task, n, *, lengths, seed, **options):
+        calls["evaluate"].append((n, lengths, seed, options))
+        return {length: {"length": length, "n": n, "toy": True} for length in lengths}
+
+    entry = TaskEntry(loss=BIJECTION.loss, held_out=held_out, evaluate=evaluate, lengths=lambda task: [3],
+                      summary=lambda final, task: "toy", batch_length=BIJECTION.batch_length,
+                      progress=("toy", "toy_metric"))
+    monkeypatch.setitem(TASKS, "toy", ToyTask)
+    monkeypatch.setitem(PRESETS, "toy", PRESETS["bijection"])
+    monkeypatch.setitem(TASK_TABLE, "toy", entry)
+    out = train_windtunnel("toy", preset="tiny", out=tmp_path, quiet=True, steps=3, eval_every=2, log_every=1,
+                           checkpoints=[], final_eval_n=5, task_kwargs={"n_symbols": 4})
+    logs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logs if "toy_metric" in r] == [0, 2] and calls["held_out"] == 2
+    assert json.loads((out / "windtunnel.json").read_text())["eval"] == {"3": {"length": 3, "n": 5, "toy": True}}
+    assert evaluate_windtunnel(out, n=7, batch_size=2) == {3: {"length": 3, "n": 7, "toy": True}}
+    assert calls["evaluate"] == [(5, [3], 2024, {}), (7, [3], 2024, {"batch_size": 2})]
 
 
 def old_lr_factor(step: int, cfg) -> float:

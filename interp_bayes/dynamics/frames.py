@@ -18,7 +18,7 @@ from ..stats import as_float64, is_constant
 from ..stats.pca import mean_abs_offdiag_cos, pca, spearman
 from ..tasks.base import entropy_bits
 
-from .measures import _log_interval, cv_r2, entropy_nats, pc1_share
+from .measures import cv_r2, entropy_nats, geometric_mean_interval, pc1_share
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
 PRECISION_METRICS = ("entropy_mae", "pc1_share", "entropy_r2", "low_entropy_separation")
@@ -131,7 +131,7 @@ def dissociation(steps: Sequence[int], curves: dict[str, Sequence[float]], frac:
 
 def ratio_interval(ratios: Sequence[float], level: float = 0.95) -> dict[str, float]:
     """Geometric mean of per-seed dissociation ratios (or speed-ups) with a t-interval on the log scale."""
-    centre, lo, hi = _log_interval(ratios, level)
+    centre, lo, hi = geometric_mean_interval(ratios, level)
     return {"geomean": centre, "lo": lo, "hi": hi, "n": len(ratios)}
 
 

@@ -35,7 +35,7 @@ def cv_r2(features: torch.Tensor, target: torch.Tensor, seed: int = 0, folds: in
     return float(r2(yf, pred)[0])
 
 
-def _log_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+def geometric_mean_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
     """Geometric mean and t-interval of positive ratios over seeds (on the log scale)."""
     logs = np.log(np.asarray(ratios, dtype=np.float64))
     centre = float(np.exp(logs.mean()))

@@ -17,7 +17,7 @@ from ..core.errors import ConfigError
 from ..tasks.sticky import StickyChain, bayes_predictive, sample_sticky
 
 from .laws import single_head_gradients
-from .measures import _log_interval, cv_r2, entropy_nats, pc1_share
+from .measures import cv_r2, entropy_nats, geometric_mean_interval, pc1_share
 
 PAPER_SEEDS = (42, 2024, 1337, 7777, 9999)
 PAPER_SPEEDUP = 2.3  # EM-like vs SGD, repo:README.md (~430 vs 1000 steps)
@@ -168,7 +168,7 @@ def summarise_sticky(runs: list[dict], n_steps: int) -> dict:
         if m != "sgd":
             steps = [steps_to_reach(r[m]["losses"], r["sgd"]["final_loss"]) for r in runs]
             speed = [n_steps / max(s if s is not None else n_steps, 1) for s in steps]
-            centre, lo, hi = _log_interval(speed)
+            centre, lo, hi = geometric_mean_interval(speed)
             pooled = [steps_to_reach(r[m]["losses"], float(sgd_final.mean())) for r in runs]
             pooled_mean = float(np.mean([s if s is not None else n_steps for s in pooled]))
             t_res = stats.ttest_rel(final, sgd_final) if len(runs) > 1 else None

@@ -1,4 +1,5 @@
-"""Training configs, presets, tasks by name, and the two model families: an HF transformer and an MLP baseline.
+"""Training configs, presets, tasks by name, the two model families (an HF transformer and an MLP baseline), and
+loading a trained folder.
 
 The transformer is a plain ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU MLP, tied embeddings:
 the paper's architecture; absolute positions matter for the HMM, whose matrix entries are identified only by
@@ -255,6 +256,17 @@ class MLPBaseline(nn.Module):
         model = cls(**conf)
         model.load_state_dict(load_file(str(folder / "model.safetensors")))
         return model.eval()
+
+
+def load_windtunnel(folder: str | Path) -> tuple[nn.Module, TrainConfig]:
+    """A trained folder's model (the transformer booted through ``ib.load_model``, or the MLP) and its config."""
+    folder = Path(folder)
+    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
+    if json.loads((folder / "config.json").read_text()).get("model_type") == MLP_MODEL_TYPE:
+        return MLPBaseline.from_pretrained(folder), cfg
+    from ..model.loading import load_model
+
+    return load_model(str(folder)), cfg
 
 
 def n_params(model: nn.Module) -> int:

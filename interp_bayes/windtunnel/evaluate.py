@@ -1,131 +1,18 @@
-"""Scoring a wind-tunnel model against the exact posterior, in bits, with both entropy-MAE definitions labelled.
-
-- per-sample entropy MAE: mean over sequences and positions of |H(model) - H(Bayes)| (jlens ``eval_entropy_mae``);
-- mean-curve entropy MAE: average H over sequences first, then |mean H(model) - mean H(Bayes)| per position,
-  averaged over positions (``src/utils/entropy.py``; errors can cancel, so it is the smaller number);
-- KL(Bayes || model) in bits, mean over sequences and positions.
-The model's distribution is its next-token softmax restricted to the task's hypothesis tokens.
-
-Beside the model, the same sequences are scored for the shortcut baselines of ``interp_bayes.tasks.filters`` (the
-uniform guess, the prior, the m-observation window filters, and the position-only entropy predictor), and the
-model's KL is compared with the best window filter's by a paired bootstrap over sequences: a wind-tunnel result
-counts only where the model beats the best window.
-"""
+"""Scoring a wind-tunnel model against its task's exact posterior: the task's evaluator from the task table
+(``table.TASK_TABLE``; the metrics are defined in the task's module: ``discrete``, ``kalman``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from torch import nn
 
-from ..stats.calibration import compare_to_bayes, kl_bits
 from ..core.errors import ConfigError
-from ..stats import as_float64, bootstrap_means
-from ..tasks.base import TaskBatch, entropy_bits
-from ..tasks.filters import baseline_posteriors, position_entropy
-from .configs import MLP_MODEL_TYPE, TASKS, MLPBaseline, TrainConfig, make_task
-
-def restricted_log_probs(model: nn.Module, batch: TaskBatch, hypothesis_ids: list[int]) -> torch.Tensor:
-    """Log-probabilities over the hypothesis tokens at the query positions: [n, Q, H] float32.
-
-    Works for an HF model (``.logits``), a TransformerBridge or the MLP baseline (a logits tensor); the result
-    is on the model's device.
-    """
-    out = model(batch.input_ids.to(next(model.parameters()).device))
-    logits = out if isinstance(out, torch.Tensor) else out.logits  # [n, T, vocab]
-    sliced = logits[:, batch.query_pos][..., hypothesis_ids].float()  # [n, Q, H]
-    return torch.log_softmax(sliced, dim=-1)
+from .configs import TASKS, load_windtunnel, make_task
+from .table import task_entry
 
 
-def load_windtunnel(folder: str | Path) -> tuple[nn.Module, TrainConfig]:
-    """A trained folder's model (the transformer booted through ``ib.load_model``, or the MLP) and its config."""
-    folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    if json.loads((folder / "config.json").read_text()).get("model_type") == MLP_MODEL_TYPE:
-        return MLPBaseline.from_pretrained(folder), cfg
-    from ..model.loading import load_model
-
-    return load_model(str(folder)), cfg
-
-
-def default_lengths(task: Any) -> list[int]:
-    """Evaluation lengths: the training length, plus 30 and 50 observations for the HMM (length generalisation)."""
-    if task.name == "bijection":
-        return [task.n_pairs]
-    return [task.n_steps] + [k for k in (30, 50) if k > task.n_steps]
-
-
-def summarise(h_model: torch.Tensor, posterior: torch.Tensor, logp: torch.Tensor | None = None) -> dict[str, Any]:
-    """The three metrics, averaged and per position, from the model's entropies ``h_model`` [n, Q] (bits) and,
-    for the KL, its log-probabilities ``logp`` [n, Q, H]; by ``stats.calibration.compare_to_bayes`` with the query
-    position as the group. Without ``logp`` the KL is NaN (an entropy predictor has no distribution)."""
-    n, Q, H = posterior.shape
-    h_bayes = entropy_bits(posterior.double())  # [n, Q]
-    cmp = compare_to_bayes(h_model.reshape(-1), h_bayes.reshape(-1), groups=np.tile(np.arange(Q), n),
-                           model_logprobs=None if logp is None else logp.reshape(-1, H),
-                           posterior=None if logp is None else posterior.reshape(-1, H))
-    per = [cmp["per_group"][q] for q in range(Q)]
-    nan = float("nan")
-    return {
-        "per_sample_entropy_mae_bits": cmp["all"]["mae"],
-        "mean_curve_entropy_mae_bits": cmp["all"]["mean_curve_mae"],
-        "kl_bits": cmp["all"].get("kl_bits", nan),
-        "per_position": {
-            "per_sample_entropy_mae_bits": [b["mae"] for b in per],
-            "mean_curve_entropy_mae_bits": [abs(b["model_entropy"] - b["bayes_entropy"]) for b in per],
-            "kl_bits": [b.get("kl_bits", nan) for b in per],
-            "bayes_entropy_bits": [b["bayes_entropy"] for b in per],
-            "model_entropy_bits": [b["model_entropy"] for b in per],
-        },
-    }
-
-
-def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
-    """Per-position and averaged metrics from model log-probs and exact posteriors, both [n, Q, H]."""
-    return summarise(entropy_bits(logp.exp()), posterior, logp)
-
-
-def paired_margin(baseline_kl: np.ndarray, model_kl: np.ndarray, *, n_boot: int = 2000,
-                  seed: int = 0) -> dict[str, Any]:
-    """Mean KL margin (baseline minus model, bits) over sequences with a 95% paired-bootstrap interval.
-
-    ``baseline_kl``, ``model_kl``: [n, Q] per sequence and position; sequences are the resampled unit (positions of
-    one sequence are not independent)."""
-    diff = (as_float64(baseline_kl) - as_float64(model_kl)).mean(1)  # [n] per-sequence margin
-    mean, low, high = bootstrap_means(diff, n_boot=n_boot, seed=seed)
-    return {"margin_bits": float(mean), "margin_ci": [float(low), float(high)], "n_sequences": len(diff),
-            "n_boot": n_boot}
-
-
-def compare_with_baselines(logp: torch.Tensor, batch: TaskBatch, task: Any, *, windows: tuple[int, ...] = (1, 2, 3, 4),
-                           position_h: torch.Tensor | None = None, seed: int = 0) -> dict[str, Any]:
-    """Score every shortcut baseline on ``batch`` and compare the model (``logp`` [n, Q, H]) with the best window.
-
-    Returns ``baselines`` (name -> metrics, as ``score``, each with ``kl_margin``: its KL minus the model's, with
-    the paired-bootstrap interval), and ``vs_best_window``: the window filter with the lowest KL, its KL and the
-    model's, the margin with its interval, and ``beats`` (the interval's low end above 0)."""
-    post = batch.posterior.double()
-    beliefs = baseline_posteriors(task, batch, windows)
-    model_kl = kl_bits(post, logp)  # [n, Q]
-    out = {}
-    for name, q in beliefs.items():
-        out[name] = score(torch.log(q), post)
-        out[name]["kl_margin"] = paired_margin(kl_bits(post, torch.log(q)), model_kl, seed=seed)
-    if position_h is not None:
-        out["position-only"] = summarise(position_h.expand(post.shape[:2]), post)
-    best = min((name for name in out if name.startswith("window-")), key=lambda name: out[name]["kl_bits"])
-    margin, model_kl = out[best]["kl_margin"], float(model_kl.mean())
-    versus = {"best_window": best, "window_kl_bits": out[best]["kl_bits"], "model_kl_bits": model_kl, **margin,
-              "kl_ratio": out[best]["kl_bits"] / model_kl if model_kl > 0 else float("inf"),
-              "beats": margin["margin_ci"][0] > 0}
-    return {"baselines": out, "vs_best_window": versus}
-
-
-@torch.no_grad()
 def evaluate_windtunnel(
     model: nn.Module | str | Path,
     task: Any = None,
@@ -133,25 +20,19 @@ def evaluate_windtunnel(
     *,
     lengths: list[int] | None = None,
     seed: int = 2024,
-    batch_size: int = 250,
-    baselines: bool = True,
-    windows: tuple[int, ...] = (1, 2, 3, 4),
+    **options: Any,
 ) -> dict[int, dict[str, Any]]:
-    """Score ``model`` on ``n`` held-out sequences per length; returns {length: metrics} (see module docstring).
+    """Score ``model`` on ``n`` held-out sequences per length; returns {length: metrics}.
 
     ``model`` may be a trained folder (its task is then read from windtunnel.json); ``task`` a task object or a
-    task name (``"bijection"``, ``"hmm"``: the task with its default settings).
-    ``lengths`` defaults to the task's training length, plus 30 and 50 for the HMM (length generalisation).
-    ``baselines`` adds ``baselines`` and ``vs_best_window`` (see ``compare_with_baselines``) on the same sequences;
-    the position-only entropy is the mean exact entropy per position over ``n`` other sequences (seed + 1).
+    task name (the task with its default settings). ``lengths`` defaults to the task's own (its entry's
+    ``lengths``); ``options`` go to the task's evaluator (every one takes ``batch_size``, ``baselines``: score the
+    shortcut baselines beside the model, and ``windows``; defaults are the task's own: see
+    ``discrete.evaluate_discrete`` and ``kalman.evaluate_kalman``).
     """
     if isinstance(model, (str, Path)):
         model, cfg = load_windtunnel(model)
         task = task or make_task(cfg)
-    if getattr(task, "name", task) == "kalman":  # Gaussian beliefs: W2, KL and entropy error per step
-        from .kalman import evaluate_kalman
-
-        return evaluate_kalman(model, TASKS[task]() if isinstance(task, str) else task, n, lengths=lengths, seed=seed)
     if isinstance(task, str):
         if task not in TASKS:
             raise ConfigError(f"Unknown wind-tunnel task '{task}'; known tasks: {', '.join(sorted(TASKS))}.")
@@ -159,21 +40,5 @@ def evaluate_windtunnel(
     if task is None:
         raise ConfigError("evaluate_windtunnel needs a task (a name or a task object) when given a model rather "
                           "than a trained folder.")
-    model.eval()
-    results = {}
-    for length in lengths or default_lengths(task):
-        logps, batches = [], []
-        for i, start in enumerate(range(0, n, batch_size)):
-            batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
-            logps.append(restricted_log_probs(model, batch, task.hypothesis_ids).cpu())
-            batches.append(batch)
-        logp = torch.cat(logps)
-        whole = TaskBatch(input_ids=torch.cat([b.input_ids for b in batches]), query_pos=batches[0].query_pos,
-                          posterior=torch.cat([b.posterior for b in batches]),
-                          labels=torch.cat([b.labels for b in batches]))
-        results[length] = {"length": length, "n": n, **score(logp, whole.posterior)}
-        if baselines:
-            position_h = position_entropy(task, length, n=n, seed=seed + 1)
-            results[length] |= compare_with_baselines(logp, whole, task, windows=windows, position_h=position_h,
-                                                      seed=seed)
-    return results
+    entry = task_entry(task.name)
+    return entry.evaluate(model, task, n, lengths=lengths or entry.lengths(task), seed=seed, **options)

@@ -1,5 +1,5 @@
-"""The continuous-state (Kalman) wind tunnel: models, training, evaluation against the exact and window filters,
-and hooked readings for the geometry diagnostics.
+"""The continuous-state (Kalman) wind tunnel: models, its entry of the task table (``KALMAN``: loss, held-out
+metrics, evaluation against the exact and window filters), and hooked readings for the geometry diagnostics.
 
 **Model.** The same plain ``GPT2LMHeadModel`` as the other tunnels, over ``KalmanTask.vocab`` (feature tokens, then
 read-out tokens). Continuous inputs enter as soft tokens: a position's feature weights times the token-embedding
@@ -35,7 +35,8 @@ from ..core.errors import ConfigError
 from ..stats import as_float64, bootstrap_means, centre_within, cross_fitted_ridge, interval, permutations, r2
 from ..tasks.kalman import (LN2, KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_kl_nats,
     gaussian_w2, window_filter)
-from .configs import TrainConfig
+from .configs import load_windtunnel
+from .entry import TaskEntry
 
 WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
 LOG_DIAG_CLAMP = 12.0  # |log L_ii| cap: a guard against exp overflow early in training, never reached by a fit
@@ -185,16 +186,15 @@ def evaluate_kalman(
     lengths: list[int] | None = None,
     seed: int = 2024,
     batch_size: int = 500,
+    baselines: bool = True,
     windows: tuple[int, ...] = WINDOWS,
 ) -> dict[int, dict[str, Any]]:
     """Score ``model`` (a folder, bridge, HF model or MLP) on ``n`` held-out sequences per length against the exact
-    posterior, beside the window filters of sizes ``windows`` on the same sequences.
+    posterior, beside (with ``baselines``) the window filters of sizes ``windows`` on the same sequences.
 
     Returns {length: {n, length, w2, kl_bits, per_sample_entropy_mae_bits, mean_curve_entropy_mae_bits,
     per_position, windows: {w: same metrics}, target: ``target_verdict``}} (windows shorter than the sequence
-    only); lengths default to the training length."""
-    from .evaluate import load_windtunnel
-
+    only; none, and no target, without ``baselines``); lengths default to the training length."""
     if isinstance(model, (str, Path)):
         model, cfg = load_windtunnel(model)
         task = task or KalmanTask(**cfg.task_kwargs)
@@ -203,7 +203,8 @@ def evaluate_kalman(
     model.eval()
     results = {}
     for length in lengths or [task.n_steps]:
-        shorter = [w for w in windows if w < length]  # a window of the whole sequence is the exact filter
+        # a window of the whole sequence is the exact filter
+        shorter = [w for w in windows if w < length] if baselines else []
         parts: dict[str, list] = {"model": [], **{w: [] for w in shorter}}
         for i, start in enumerate(range(0, n, batch_size)):
             batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
@@ -220,29 +221,27 @@ def evaluate_kalman(
     return results
 
 
-def train_kalman(model: nn.Module, cfg: TrainConfig, task: KalmanTask, out: Path, *, quiet: bool) -> tuple[float, float, dict]:
-    """Train a Kalman wind-tunnel model (or its MLP baseline) in ``train_windtunnel``'s loop: Gaussian outputs,
-    ``kalman_loss``, held-out W2 / KL metrics; (wall s, CPU s, the final evaluation against the window filters)."""
-    from .train import fit, length_at
+def gaussian_loss(model: nn.Module, task: KalmanTask, batch: KalmanBatch, kind: str) -> torch.Tensor:
+    """The training loss: ``kalman_loss`` of the model's Gaussian belief on ``batch``."""
+    return kalman_loss(*predict_gaussian(model, task, batch), batch, kind)
 
-    eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
 
-    def evaluate() -> dict:
-        mean, chol = predict_gaussian(model, task, eval_batch)
-        return summarise(step_metrics(eval_batch.mean, eval_batch.cov, mean, chol @ chol.mT))
+def held_out_metrics(model: nn.Module, task: KalmanTask, batch: KalmanBatch) -> dict[str, Any]:
+    """W2, KL and entropy error of the model on ``batch`` (``summarise`` of ``step_metrics``), logged in training."""
+    mean, chol = predict_gaussian(model, task, batch)
+    return summarise(step_metrics(batch.mean, batch.cov, mean, chol @ chol.mT))
 
-    wall, cpu = fit(
-        model, cfg, task, out, quiet=quiet, evaluate=evaluate, length=lambda batch: batch.obs.shape[1],
-        sample=lambda step, rng: task.sample(cfg.batch_size, seed=rng, length=length_at(step, cfg)),
-        step_loss=lambda batch: kalman_loss(*predict_gaussian(model, task, batch), batch, cfg.loss),
-        postfix=("kl", "kl_bits"))
-    model.eval()
-    final = evaluate_kalman(model, task)
-    if not quiet:
-        summary = {k: v for k, v in final[task.n_steps].items() if k not in ("per_position", "windows", "target")}
-        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval: {json.dumps(summary)}; target met: "
-              f"{final[task.n_steps]['target']['met']}")
-    return wall, cpu, final
+
+def final_summary(final: dict[int, dict[str, Any]], task: KalmanTask) -> str:
+    """The averaged metrics at the training length and whether the target is met there."""
+    summary = {k: v for k, v in final[task.n_steps].items() if k not in ("per_position", "windows", "target")}
+    return f"eval: {json.dumps(summary)}; target met: {final[task.n_steps]['target']['met']}"
+
+
+# the Kalman tunnel's entry of the task table: Gaussian outputs, held-out W2 / KL, the window filters beside
+KALMAN = TaskEntry(loss=gaussian_loss, held_out=held_out_metrics, evaluate=evaluate_kalman,
+                   lengths=lambda task: [task.n_steps], summary=final_summary,
+                   batch_length=lambda batch: batch.obs.shape[1], progress=("kl", "kl_bits"))
 
 
 @torch.no_grad()
@@ -259,22 +258,24 @@ def kalman_readings(
     """Hooked readings of a Kalman wind-tunnel bridge at every observation step, with the exact posterior.
 
     One row per (sequence, step), sequence-major, as the other tunnels' one prompt per query position: reading
-    ``name`` at ``layer`` is the hook of ``model.collect.HOOKS`` at that step's position (values per KV head
+    ``name`` at ``layer`` is the hook of ``model.hooks.reading_hook`` at that step's position (values per KV head
     concatenated, residual stream after the block, attention entropy in bits per head). Returns ``(acts,
     columns)``: an ``model.collect.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
     ``manifold_report``, ``fit_entropy_axis`` and ``attention_focusing`` take it as they are), and float64 columns
     ``sequence``, ``k`` (step, 1-based), ``bayes_entropy`` (bits), ``bayes_logdet`` (ln det P_t), ``bayes_mean``
     [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``belief_probe`` and calibration.
     """
-    from ..model.collect import HOOKS, Activations, _normalise_layers
+    from ..core.layers import resolve_layers
+    from ..model.collect import Activations
+    from ..model.hooks import READING_SITES, reading_hook
     from ..model.loading import model_info
 
-    unknown = set(readings) - set(HOOKS)
+    unknown = set(readings) - set(READING_SITES)
     if unknown:
-        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(HOOKS)}.")
+        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(READING_SITES)}.")
     n_layers = bridge.cfg.n_layers
-    layer_idx = _normalise_layers(range(n_layers) if layers is None else layers, n_layers)
-    names = {(r, layer): HOOKS[r][0].format(layer=layer) for r in readings for layer in layer_idx}
+    layer_idx = resolve_layers(layers, n_layers, "all")
+    names = {(r, layer): reading_hook(r, layer) for r in readings for layer in layer_idx}
     batch = task.sample(n_sequences, seed=seed)
     qpos, K = batch.query_pos, len(batch.query_pos)
     parts: dict[tuple[str, int], list[torch.Tensor]] = {key: [] for key in names}

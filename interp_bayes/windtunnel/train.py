@@ -1,4 +1,5 @@
-"""Training loop for wind-tunnel models: fresh batches every step (optionally a curriculum over lengths or task
+"""Training loop for wind-tunnel models, the same for every task (its loss, held-out metrics and evaluation come
+from its entry of ``table.TASK_TABLE``): fresh batches every step (optionally a curriculum over lengths or task
 variants), AdamW with transformers' warm-up + cosine schedule, clipping, checkpoints on a dense-early schedule (each
 a loadable HF folder), a tqdm bar and a JSONL metrics log (wall and CPU time).
 
@@ -25,9 +26,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from ..tasks.base import TaskBatch
 from .configs import PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params, n_positions
-from .evaluate import default_lengths, evaluate_windtunnel, restricted_log_probs, score
+from .evaluate import evaluate_windtunnel
+from .table import task_entry
 from .tokenizer import save_tokenizer
 
 
@@ -56,13 +57,6 @@ def save_folder(model: nn.Module, cfg: TrainConfig, task: Any, folder: Path, ext
     os.replace(tmp, folder / "windtunnel.json")
 
 
-def loss_fn(logp: torch.Tensor, posterior: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
-    """Soft cross-entropy to the exact posterior, or hard cross-entropy to the realised hypothesis; nats."""
-    if kind == "soft":
-        return -(posterior * logp).sum(-1).mean()
-    return -torch.gather(logp, -1, labels[..., None]).mean()
-
-
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (no weight decay on biases and norms) with transformers' schedule: linear warm-up from 0 over
     ``warmup`` steps, then cosine decay to ``lr * min_lr_frac`` at ``steps``."""
@@ -87,17 +81,12 @@ def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, sched: Any, los
 
 
 def train_step(
-    model: nn.Module, opt: torch.optim.Optimizer, sched: Any, batch: TaskBatch, cfg: TrainConfig, hyp: list[int]
+    model: nn.Module, opt: torch.optim.Optimizer, sched: Any, batch: Any, cfg: TrainConfig, task: Any
 ) -> tuple[float, float]:
-    """One optimiser step on ``batch``; returns (loss in nats, gradient norm before clipping)."""
-    loss = discrete_loss(model, batch, hyp, cfg.loss)
+    """One optimiser step on ``batch`` of ``task`` with the loss of its entry; returns (loss in nats, gradient norm
+    before clipping)."""
+    loss = task_entry(cfg.task).loss(model, task, batch, cfg.loss)
     return loss.item(), optimizer_step(model, opt, sched, loss, cfg.clip)
-
-
-def discrete_loss(model: nn.Module, batch: TaskBatch, hyp: list[int], kind: str) -> torch.Tensor:
-    """The training loss of a task with discrete hypotheses (``loss_fn`` on the read-out restricted to them)."""
-    logp = restricted_log_probs(model, batch, hyp)
-    return loss_fn(logp, batch.posterior.to(logp.device), batch.labels.to(logp.device), kind)
 
 
 def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Callable[[int, np.random.Generator], Any],
@@ -138,27 +127,23 @@ def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Cal
     return time.perf_counter() - start, time.process_time() - cpu_start
 
 
-def train_discrete(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, quiet: bool) -> tuple[float, float, dict]:
-    """Train on a task with discrete hypotheses (bijection, HMM), with its curriculum; (wall s, CPU s, the final
-    evaluation at every trained length, against the window filters)."""
+def train_task(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, quiet: bool) -> tuple[float, float, dict]:
+    """Train ``model`` on ``task`` (with the config's curriculum) with the loss and held-out metrics of the task's
+    entry; (wall s, CPU s, the final evaluation at every default length that fits the model's positions)."""
+    entry = task_entry(cfg.task)
     curriculum = curriculum_tasks(cfg)
     eval_batch = task.sample(cfg.eval_n, seed=[cfg.seed, 2])  # held out: a different seed stream
-    hyp = task.hypothesis_ids
     wall, cpu = fit(
-        model, cfg, task, out, quiet=quiet, step_loss=lambda batch: discrete_loss(model, batch, hyp, cfg.loss),
+        model, cfg, task, out, quiet=quiet, step_loss=lambda batch: entry.loss(model, task, batch, cfg.loss),
         sample=lambda step, rng: task_at(step, task, curriculum).sample(cfg.batch_size, seed=rng,
                                                                         length=length_at(step, cfg)),
-        evaluate=lambda: score(restricted_log_probs(model, eval_batch, hyp).cpu(), eval_batch.posterior),
-        length=lambda batch: batch.input_ids.shape[1], postfix=("mae", "per_sample_entropy_mae_bits"))
+        evaluate=lambda: entry.held_out(model, task, eval_batch), length=entry.batch_length, postfix=entry.progress)
     model.eval()
     npos = n_positions(cfg, task)
     final = evaluate_windtunnel(model, task, n=cfg.final_eval_n,
-                                lengths=[k for k in default_lengths(task) if task.seq_len(k) <= npos])
+                                lengths=[k for k in entry.lengths(task) if task.seq_len(k) <= npos])
     if not quiet:
-        keys = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
-        summary = {length: {k: m[k] for k in keys} | {"best_window": m["vs_best_window"]}
-                   for length, m in final.items()}
-        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); eval (bits): {json.dumps(summary)}")
+        print(f"done in {wall:.0f} s ({cpu:.0f} s CPU); {entry.summary(final, task)}")
     return wall, cpu, final
 
 
@@ -172,8 +157,8 @@ def train_windtunnel(
     quiet: bool = False,
     **overrides: Any,
 ) -> Path:
-    """Train a wind-tunnel model on ``task`` ("bijection" | "hmm" | "kalman") with a preset ("paper" | "cpu" |
-    "tiny", and the task's own presets).
+    """Train a wind-tunnel model on ``task`` (a name of the task table) with one of its presets (``PRESETS``:
+    "paper" | "cpu" | "tiny", and the task's own).
 
     ``overrides`` replace TrainConfig fields (``arch="mlp"`` trains the capacity-matched baseline). Returns the
     output folder, which holds the final model, its checkpoints and the metrics log. ``device`` defaults to CUDA
@@ -188,11 +173,7 @@ def train_windtunnel(
     model.train()
     if not quiet:
         print(f"{cfg.task}/{preset} {cfg.arch}: {n_params(model):,} parameters")
-    if cfg.task == "kalman":  # continuous inputs and a Gaussian head: its own batches, loss and evaluation
-        from .kalman import train_kalman as trainer
-    else:
-        trainer = train_discrete
-    wall, cpu, final = trainer(model, cfg, the_task, out, quiet=quiet)
+    wall, cpu, final = train_task(model, cfg, the_task, out, quiet=quiet)
     save_folder(model, cfg, the_task, out, {"step": cfg.steps, "train_wall_s": round(wall, 1),
                                             "train_cpu_s": round(cpu, 1), "preset": preset, "eval": final,
                                             "torch_threads": torch.get_num_threads()})
@@ -203,8 +184,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``interp-bayes train TASK --preset P --out DIR``."""
     parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
     parser.add_argument("--preset", default="cpu",
-                        help="paper | cpu | tiny; for bijection also cpu_replacement; for hmm also sticky-paper | "
-                             "sticky-cpu | sticky-tiny")
+                        help="; ".join(f"{task}: {' | '.join(presets)}" for task, presets in sorted(PRESETS.items())))
     parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
