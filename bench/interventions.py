@@ -108,7 +108,7 @@ def matmul_peak(model) -> float:
 def bench_model(model, name: str, args) -> dict:
     """Per layer set: median seconds per naive run, fast seconds for the recipe's edits, ratio and spread."""
     from interp_bayes.model.edits import OPS
-    from interp_bayes.analyses.interventions import run_interventions
+    from interp_bayes.analyses.interventions import EditProtocol, run_interventions
     from interp_bayes.run.sweep import load_probe
 
     t = time.perf_counter()
@@ -120,9 +120,10 @@ def bench_model(model, name: str, args) -> dict:
     n_naive = len(OPS) * (1 + args.naive_draws)
     common = dict(label_tokens=proto["label_tokens"], progress=False)
 
-    def timed(**kw) -> tuple[float, float]:
+    def timed(layer_sets, controls, ops=OPS, fast=True) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
-        run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"], **common, **kw)
+        run_interventions(model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"],
+                          EditProtocol(layer_sets, ops, controls), fast=fast, **common)
         return time.perf_counter() - wall, time.process_time() - cpu
 
     peak = matmul_peak(model)
@@ -174,18 +175,17 @@ def bench_model(model, name: str, args) -> dict:
 def time_full_protocol(model, name: str) -> None:
     """The whole protocol once on the fast path (20 + 20 + 3 draws, four operators, both layer sets), beside two
     naive runs for scale, as ``interventions_full`` would run it inside a sweep."""
-    from interp_bayes.analyses.controls import FULL_CONTROLS
-    from interp_bayes.analyses.interventions import run_interventions, summarize
+    from interp_bayes.analyses.interventions import EditProtocol, run_interventions, summarize
 
     proto = protocol(model, name)
     args = (model, proto["prompts"], proto["axes"], proto["fit_values"], proto["task"])
     t = time.perf_counter()
-    run_interventions(*args, label_tokens=proto["label_tokens"], layer_sets=[proto["layer_sets"]["middle"]],
-                      controls={}, ops=["cut"], fast=False, progress=False)
+    run_interventions(*args, EditProtocol([proto["layer_sets"]["middle"]], ["cut"], {}),
+                      label_tokens=proto["label_tokens"], fast=False, progress=False)
     naive_run = (time.perf_counter() - t) / 2
     t = time.perf_counter()
-    result = run_interventions(*args, label_tokens=proto["label_tokens"], layer_sets=list(proto["layer_sets"].values()),
-                               controls=FULL_CONTROLS, fast=True)
+    result = run_interventions(*args, EditProtocol(list(proto["layer_sets"].values())),  # the paper's controls
+                               label_tokens=proto["label_tokens"], fast=True)
     summary = summarize(result, proto["task"])
     seconds = time.perf_counter() - t
     print(f"\n{name}: full protocol ({len(result.rows)} edits + the unperturbed run, summary included) on the fast "

@@ -1,6 +1,6 @@
 """Benchmark: last-layer entropy-neuron ablations through the head's affine form against rerunning the head.
 
-``analyses.neurons.ablation_effects`` gets each ablated residual's logits from the clean ones (``analyses.neurons._RankOneHead``: one
+``analyses.neurons.ablation_effects`` gets each ablated residual's logits from the clean ones (its ``_AffineHead``: one
 unembedding per batch, elementwise work per ablation). The baseline, timed alternately in the same process, is
 what it did before: the final norm and the unembedding rerun on every ablated residual at every position. Both
 compute the same per-prompt effects (the maximum difference is printed). The sweep's setting: ``entropy_neurons``'
@@ -46,7 +46,7 @@ def rerun_head(model, clean: dict, neurons: list[int]) -> dict[int, dict[str, np
     with _quiet_scale_edits():
         for step, (b, frozen) in enumerate(zip(clean["batches"], clean["scale_tensors"])):
             ids = torch.tensor([clean["token_ids"][i] for i in b])
-            resid, post = clean["head_inputs"][step]
+            resid, post, _ = clean["head_inputs"][step]  # no post-MLP norm on these models
             for j in neurons:
                 delta = (means[j] - post[..., j])[..., None] * w_out[j]
                 for cond, hook in (("total", lambda t, hook: t.clone()),

@@ -9,7 +9,8 @@ import torch
 from conftest import load_hf, value_edit
 from interp_bayes.model.edits import AxisCut, AxisOnly, AxisShift, intervene
 from interp_bayes.analyses.controls import isotropic_axes, matched_axes, pc_axes
-from interp_bayes.analyses.interventions import run_interventions, summarize
+from interp_bayes.analyses.interventions import EditProtocol, run_interventions, summarize
+from interp_bayes.core.results import find, select
 
 TEXT = "in context learning with induction heads"
 
@@ -126,8 +127,9 @@ def test_runner_rows_and_summary(tiny_dirs):
     axes = {1: fit_entropy_axis(acts, 1, subset=fit_idx, folds=0)}
     fit_values = {1: acts.values(1)[fit_idx]}
     ev = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
-    res = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev, label_tokens=labels,
-                            layer_sets=[[1]], controls={"isotropic": 2, "matched": 2, "pcs": 1}, progress=False)
+    controls = {"isotropic": 2, "matched": 2, "pcs": 1}
+    res = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev,
+                            EditProtocol([[1]], controls=controls), label_tokens=labels, progress=False)
     assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (1 + 24) * 10
     table = res.table()
     assert set(table.kind) == {"true", "isotropic", "matched", "pcs"}
@@ -137,14 +139,22 @@ def test_runner_rows_and_summary(tiny_dirs):
     assert res.baseline["mae"] >= 0 and len(res.baseline["entropy"]) == 10
     assert "<table" in res._repr_html_() and len(res.figure().data) == 4  # one strip per axis kind
     cut_only = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev,
-                                 label_tokens=labels, layer_sets=[[1]], ops=["cut"],
-                                 controls={"isotropic": 2, "matched": 2, "pcs": 1}, progress=False)
+                                 EditProtocol([[1]], ["cut"], controls), label_tokens=labels, progress=False)
     # an edit's numbers do not depend on which other edits share its stacked forward
     pd.testing.assert_frame_equal(cut_only.table(), table[table.op == "cut"].reset_index(drop=True), check_exact=True)
-    summary = summarize(res, ev, n_boot=50)
-    assert len(summary) == 4 * 3
-    mae = next(s for s in summary if s["metric"] == "mae_k_ge_1" and s["op"] == "cut" and s["layer_set"] == "1")
-    assert mae["true_effect_ci"][0] <= mae["true_effect_ci"][1] and 0 <= mae["isotropic_percentile"] <= 1
+    rows = summarize(res, ev, n_boot=50)
+    baseline = select(rows, condition="baseline")
+    assert {r.metric: r.value for r in baseline} == {m: v for m, v in res.baseline.items() if m != "entropy"}
+    # 4 ops x 3 measures (no layer after layer 1: no downstream geometry), a true row and two per family each
+    assert len(rows) - len(baseline) == 4 * 3 * (1 + 2 * 3)
+    at = dict(layer_set="1", op="cut", measure="mae_k_ge_1")
+    true, iso = find(rows, "effect", family="true", **at), find(rows, "effect", family="isotropic", **at)
+    raw = table[(table.layer_set == "1") & (table.op == "cut")]
+    assert true.value == raw[raw.kind == "true"].mae_k_ge_1.iloc[0] - res.baseline["mae_k_ge_1"]
+    assert iso.value == pytest.approx((raw[raw.kind == "isotropic"].mae_k_ge_1 - res.baseline["mae_k_ge_1"]).mean())
+    assert true.low <= true.high and true.interval == "bootstrap 95%" and true.null_low is None  # 2 matched draws
+    assert iso.low is None and iso.n == 2 and "too few draws" in iso.note  # below MIN_DRAWS: no range
+    assert 0 <= find(rows, "percentile_of_true", family="isotropic", **at).value <= 1
 
 
 def test_axis_applied_at_another_layer_or_of_wrong_size_is_refused(tiny_dirs):
@@ -280,9 +290,9 @@ def test_fast_path_equals_naive_path(tiny):
     rng = np.random.default_rng(1)
     task = dict(k=rng.integers(0, 3, len(prompts)).tolist(), latent=rng.integers(0, 2, len(prompts)).tolist(),
                 bayes_entropy=rng.random(len(prompts)).tolist())
-    runs = [run_interventions(bridge, prompts, axes, {layer: acts.values(layer) for layer in (0, 1)}, task,
-                              label_tokens=labels, layer_sets=layer_sets, controls={"isotropic": 1, "matched": 1},
-                              fast=fast, progress=False) for fast in (True, False)]
+    protocol = EditProtocol(layer_sets, controls={"isotropic": 1, "matched": 1})
+    runs = [run_interventions(bridge, prompts, axes, {layer: acts.values(layer) for layer in (0, 1)}, task, protocol,
+                              label_tokens=labels, fast=fast, progress=False) for fast in (True, False)]
     fast, naive = (pd.DataFrame(r.rows) for r in runs)
     pd.testing.assert_frame_equal(fast, naive, rtol=1e-5, atol=0)
     assert runs[0].baseline == runs[1].baseline and runs[0].n_forward_prompts == runs[1].n_forward_prompts
@@ -328,3 +338,18 @@ def test_control_families_are_one_registry():
     assert set(CONTROL_FAMILIES) == {"isotropic", "matched", "pcs"}
     with pytest.raises(InterventionError, match="Unknown control family random; choose from isotropic"):
         control_directions(x, u, {"random": 1}, layer=3, seed=7)
+
+
+def test_edit_protocol_refuses_an_unknown_family_and_holds_its_edits_frozen():
+    from interp_bayes.analyses.controls import FULL_CONTROLS
+    from interp_bayes.core.errors import ConfigError
+    from interp_bayes.model.edits import OPS
+
+    with pytest.raises(ConfigError, match="Unknown control family random; families: isotropic, matched, pcs"):
+        EditProtocol([[1]], controls={"random": 1, "isotropic": 2})
+    sets = [[3, 5], [5]]
+    protocol = EditProtocol(sets, ["cut"])
+    sets[0].append(7)  # the caller's lists are copied
+    assert protocol.layer_sets == ((3, 5), (5,)) and protocol.layers == [3, 5] and protocol.ops == ("cut",)
+    assert protocol.controls == FULL_CONTROLS and protocol.controls is not FULL_CONTROLS
+    assert EditProtocol([[1]]).ops == OPS

@@ -10,7 +10,8 @@ from interp_bayes.analyses.axis import EntropyAxis
 from interp_bayes.model.edits import AxisShift, intervene
 from interp_bayes.analyses.mechanisms import (axis_null_overlap, compare_mechanisms, scale_entropy,
     value_axis_in_residual)
-from interp_bayes.analyses.neurons import ablation_effects, final_norm_run, unembedding_null_space
+from interp_bayes.analyses.neurons import ablation_effects, final_norm_run
+from interp_bayes.analyses.unembedding import unembedding_null_space
 
 TEXTS = ["the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
          "The capital of France is Paris.", "a b c d e f g h", "happy: dax, sad: lug. calm:"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from interp_bayes.analyses.neurons import (ablation_effects, entropy_neurons, final_norm_run, frequency_neurons,
-    neuron_scores, unembedding_null_space)
+from interp_bayes.analyses.neurons import AblationProtocol, ablation_effects, entropy_neurons, final_norm_run
+from interp_bayes.analyses.unembedding import frequency_neurons, neuron_scores, unembedding_null_space
 
 TEXTS = ["the cat sat on the mat", "in context learning with induction heads", "hello world 0 1 2 3",
          "The capital of France is Paris.", "a b c d e f g h"]
@@ -195,7 +195,7 @@ def test_planted_null_space_neuron_is_ranked_first(tiny_dirs, family):
     size = 3 * float(model.blocks[-1].mlp.W_out.detach().norm(dim=1).max())
     set_w_out(model, -1, 40, torch.tensor(v * size, dtype=torch.float32))
     set_w_out(model, -1, 90, torch.tensor(top * size * 1.5, dtype=torch.float32))  # larger, but seen by the logits
-    report = entropy_neurons(model, TEXTS, top_n=3, n_random=3, n_boot=100, progress=False)
+    report = entropy_neurons(model, TEXTS, AblationProtocol(top_n=3, n_random=3, n_boot=100), progress=False)
     assert report.ablation_path == "head"
     first = report.candidates[0]
     assert first["neuron"] == 40 and first["rho"] > 0.999 and first["percentile"]["null_norm"] == 1.0
@@ -284,7 +284,7 @@ def test_candidates_are_ranked_by_the_authors_norm_ratio(tiny_dirs):
     set_w_out(model, -1, 22, torch.tensor((0.6 * v0[:, 1] + 0.8 * top) * 4 * size, dtype=torch.float32))
     w = model.blocks[-1].mlp.W_out.detach().double().numpy()
     ratio = np.linalg.norm(w @ v0, axis=1) / np.linalg.norm(w, axis=1)  # the authors' norm_fraction_on_U_entropy
-    report = entropy_neurons(model, TEXTS, top_n=3, n_random=2, n_boot=50, progress=False)
+    report = entropy_neurons(model, TEXTS, AblationProtocol(top_n=3, n_random=2, n_boot=50), progress=False)
     assert [c["neuron"] for c in report.candidates] == np.argsort(-ratio)[:3].tolist()
     assert report.candidates[0]["neuron"] == 21 and report.candidates[0]["rho"] == pytest.approx(0.95, abs=1e-6)
     big = np.linalg.norm(w @ v0, axis=1)
@@ -299,7 +299,7 @@ def test_rows_report_each_candidate_against_the_random_neurons(tiny64):
     from interp_bayes.core.results import find
 
     model = tiny64("pythia")
-    report = entropy_neurons(model, TEXTS, top_n=3, n_random=6, n_boot=50, progress=False)
+    report = entropy_neurons(model, TEXTS, AblationProtocol(top_n=3, n_random=6, n_boot=50), progress=False)
     rows = report.rows()
     assert not [r for r in rows if "candidates_mean" in r.metric]
     for key in ("total_entropy", "mediated_entropy", "total_abs_loss", "mediated_fraction_entropy"):
@@ -440,7 +440,7 @@ def test_the_head_shortcut_covers_a_post_mlp_norm_and_a_soft_cap(post_norm64, fa
 
 def test_entropy_neurons_on_a_post_norm_family_record_the_write_and_the_path(post_norm64):
     model = post_norm64("gemma3")
-    report = entropy_neurons(model, TEXTS, top_n=2, n_random=2, n_boot=20, progress=False)
+    report = entropy_neurons(model, TEXTS, AblationProtocol(top_n=2, n_random=2, n_boot=20), progress=False)
     assert report.write == "measured" and report.ablation_path == "post"
     rows = report.rows()
     assert {r.scope["path"] for r in rows if r.metric.startswith("ablation_")} == {"post"}

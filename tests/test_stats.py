@@ -287,7 +287,7 @@ def test_every_p_value_of_a_real_run_agrees_with_its_null_interval(sweep_rows):
 
 
 def test_every_row_unit_follows_its_metric(sweep_rows):
-    from interp_bayes.kinds.interventions import measure_unit
+    from interp_bayes.analyses.interventions import measure_unit
 
     units: dict[tuple, set] = {}
     for r in sweep_rows:

@@ -4,16 +4,58 @@ geometry and in the Bayesian behaviour (Paper III §4.6, methods §3.8). The ope
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ..core.errors import ConfigError
+from ..core.results import Row
 from ..stats import as_float64
 from ..stats import bootstrap, interval, percentile_of
 from ..model.edits import OPS, make_op, resolve_edits
 from ..model.prefix import EditedRun, edited_runs
-from .controls import FULL_CONTROLS, control_directions
+from .controls import CONTROL_FAMILIES, FULL_CONTROLS, control_directions
+
+MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")  # what ``summarize`` reports by default
+MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no range is shown
+
+
+def measure_unit(metric: str) -> str:
+    """The unit of an intervention measure and of its change: bits for an entropy MAE or a KL divergence, a
+    fraction for label accuracy, Pearson r for a correlation (corr_*, and geom_*: r(v·u, model H) at a layer)."""
+    if metric.startswith(("mae", "kl")):
+        return "bits"
+    if metric == "accuracy":
+        return "fraction"
+    if metric.startswith(("corr", "geom")):
+        return "r"
+    raise ConfigError(f"No unit is known for the intervention measure {metric!r}; add it to measure_unit.")
+
+
+@dataclass(frozen=True)
+class EditProtocol:
+    """The edits of the protocol: every operator (``model.edits.OPS``) on every layer set (its layers edited
+    together, each along its own axis), for the true axis and for ``controls`` (control family of
+    ``CONTROL_FAMILIES`` -> number of draws; by default ``FULL_CONTROLS``, the paper's), drawn with ``seed``."""
+
+    layer_sets: tuple[tuple[int, ...], ...]
+    ops: tuple[str, ...] = OPS
+    controls: dict[str, int] = field(default_factory=lambda: dict(FULL_CONTROLS))
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.controls) - set(CONTROL_FAMILIES))
+        if unknown:
+            raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: {', '.join(CONTROL_FAMILIES)}.")
+        object.__setattr__(self, "layer_sets", tuple(tuple(s) for s in self.layer_sets))
+        object.__setattr__(self, "ops", tuple(self.ops))
+        object.__setattr__(self, "controls", dict(self.controls))
+
+    @property
+    def layers(self) -> list[int]:
+        """Every layer some set edits: the layers that need an axis."""
+        return sorted({layer for s in self.layer_sets for layer in s})
 
 
 @dataclass
@@ -45,7 +87,7 @@ class InterventionResult:
         return self.table()[cols].to_html(index=False, float_format="%.4f", max_rows=40)
 
 
-def _behaviour(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
+def calibration_measures(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
     """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with
     Bayes entropy and label accuracy for k >= 1."""
     from ..stats.calibration import compare_to_bayes
@@ -76,31 +118,31 @@ def _geometry(run: EditedRun, directions: dict[int, np.ndarray], spread: dict[in
     return out
 
 
-def plan_edits(model, axes: dict, fit_values: dict, *, layer_sets: list[list[int]], ops=OPS,
-               controls: dict[str, int], seed: int = 0) -> tuple[list[tuple], list[dict], dict]:
+def plan_edits(model, axes: dict, fit_values: dict, protocol: EditProtocol) -> tuple[list[tuple], list[dict], dict]:
     """Every edit of the protocol: ([(layer set, op, kind, draw)], the matching edits layer -> operator, and per
     layer the control draws ``control_directions`` gave), kinds ordered true axis first, then the families of
-    ``controls`` in their order."""
-    drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, controls, layer=layer, seed=seed)
-             for layer in sorted(axes)}
+    ``protocol.controls`` in their order."""
+    controls = protocol.controls
+    drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, controls, layer=layer,
+                                       seed=protocol.seed) for layer in sorted(axes)}
     kinds = [("true", 0)] + [(fam, i) for fam, count in controls.items() for i in range(count)]
-    plan = [(layer_set, op, kind, draw) for layer_set in layer_sets for op in ops for kind, draw in kinds]
+    plan = [(layer_set, op, kind, draw) for layer_set in protocol.layer_sets for op in protocol.ops
+            for kind, draw in kinds]
     edits = [resolve_edits(model, {layer: make_op(op, torch.tensor(
         as_float64(axes[layer].direction) if kind == "true" else drawn[layer][kind][0][draw]), axes[layer].sigma)
         for layer in layer_set}) for layer_set, op, kind, draw in plan]
     return plan, edits, drawn
 
 
-def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, *,
-                      label_tokens: list[int], layer_sets: list[list[int]], ops=OPS,
-                      controls: dict[str, int] | None = None, seed: int = 0, batch_size: int | None = None,
-                      fast: bool = True, progress: bool = True) -> InterventionResult:
-    """Edit the value axis of each layer set with each operator, for the true axes and every control draw.
+def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, protocol: EditProtocol, *,
+                      label_tokens: list[int], batch_size: int | None = None, fast: bool = True,
+                      progress: bool = True) -> InterventionResult:
+    """Every edit of ``protocol``: the value axis of each layer set edited with each operator, for the true axes and
+    every control draw.
 
     axes: layer -> EntropyAxis (fitted on other prompts: cross-fitting); fit_values: layer -> the values the axes
     were fitted on (for the matched and PC controls); task: columns ``k``, ``latent``, ``bayes_entropy`` of the
-    evaluation ``prompts``; controls: control family (``CONTROL_FAMILIES``) -> number of draws, by default
-    ``FULL_CONTROLS``.
+    evaluation ``prompts``.
     Geometry is read at every axis layer from the values each run computes: at an edited layer it sees the edited
     values (nearly tautological after a cut, as in the paper), at later layers values computed downstream of the edit.
 
@@ -112,17 +154,15 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
 
     from ..stats.pca import correlations
 
-    controls = controls if controls is not None else FULL_CONTROLS
     layers = sorted(axes)
     true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
-    plan, edits, drawn = plan_edits(model, axes, fit_values, layer_sets=layer_sets, ops=ops, controls=controls,
-                                    seed=seed)
+    plan, edits, drawn = plan_edits(model, axes, fit_values, protocol)
 
     with tqdm(total=len(edits) * len(prompts), desc="interventions", unit="prompt", disable=not progress) as bar:
         base, *runs = edited_runs(model, prompts, edits, layers=layers, label_tokens=label_tokens,
                                   batch_size=batch_size, fast=fast, tick=bar.update)
     spread = {layer: float((as_float64(base.values[layer]) @ u).std()) for layer, u in true_dirs.items()}
-    baseline = dict(_behaviour(as_float64(base.entropy), base.label_logprobs.numpy(), task),
+    baseline = dict(calibration_measures(as_float64(base.entropy), base.label_logprobs.numpy(), task),
                     **_geometry(base, true_dirs), entropy=as_float64(base.entropy).tolist())
     rows, true_entropy = [], {}
     for (layer_set, op, kind, draw), run in zip(plan, runs):
@@ -130,7 +170,7 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
         row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
                    kl_bits=float(run.kl.mean()),
                    corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
-                   **_behaviour(h, run.label_logprobs.numpy(), task), **_geometry(run, true_dirs, spread))
+                   **calibration_measures(h, run.label_logprobs.numpy(), task), **_geometry(run, true_dirs, spread))
         later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
         row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
         if kind != "true" and drawn[layer_set[0]][kind][1] is not None:  # a family matching variance
@@ -141,16 +181,19 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     return InterventionResult(rows, baseline, (1 + len(plan)) * len(prompts), true_entropy)
 
 
-def summarize(result: InterventionResult, task: dict, *,
-              metrics=("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream"),
-              n_boot: int = 1000, seed: int = 0) -> list[dict]:
-    """Per (layer set, op, metric): the true axis' effect (value minus baseline; KL as is), the control families'
-    effects (mean and 95% range), the true effect's percentile within each family, and for the MAE a bootstrap
-    interval over prompts (over whole ``task["groups"]`` where given: a wind tunnel's sequences)."""
+def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boot: int = 1000,
+              seed: int = 0) -> list[Row]:
+    """Tidy rows: the unperturbed run's measures (scope ``condition: baseline``); per (layer set, op, measure) the
+    true axis' ``effect`` (value minus baseline; KL as is) with, for the MAE, a bootstrap interval over prompts
+    (over whole ``task["groups"]`` where given: a wind tunnel's sequences) and the matched controls' 95% range as
+    its null, each control family's mean ``effect`` with its 95% range, and the true effect's
+    ``percentile_of_true`` within each family (no range or percentile is read from fewer than ``MIN_DRAWS``
+    draws: a note says so)."""
     import pandas as pd
 
     df = pd.DataFrame(result.rows)
     base = result.baseline
+    n = len(base["entropy"])
     bayes, k = np.asarray(task["bayes_entropy"]), np.asarray(task["k"])
     base_h = np.asarray(base["entropy"])
     pos = np.flatnonzero(k >= 1)
@@ -162,25 +205,36 @@ def summarize(result: InterventionResult, task: dict, *,
         later = [base[f"geom_L{layer}"] for layer in layers if layer > max(map(int, layer_set.split("+")))]
         return float(np.mean(later)) if later else float("nan")
 
-    out = []
+    out = [Row(measure, value, measure_unit(measure), dict(condition="baseline"), n=n)
+           for measure, value in base.items() if measure != "entropy"]
     for (layer_set, op), group in df.groupby(["layer_set", "op"], sort=False):
         true = group[group.kind == "true"].iloc[0]
         for metric in metrics:
             ref = 0.0 if metric == "kl_bits" else base_metric(metric, layer_set)
             if np.isnan(ref):  # no layer after the edited ones: no downstream geometry to compare
                 continue
-            entry = dict(layer_set=layer_set, op=op, metric=metric, baseline=ref, true_effect=true[metric] - ref)
-            for fam, g in group[group.kind != "true"].groupby("kind"):
-                eff = g[metric].to_numpy() - ref
-                entry[f"{fam}_mean"] = float(np.nanmean(eff))
-                entry[f"{fam}_range"] = interval(eff)
-                entry[f"{fam}_percentile"] = percentile_of(entry["true_effect"], eff)
-                entry[f"{fam}_n"] = int(len(eff))
+            scope, unit = dict(layer_set=layer_set, op=op, measure=metric), measure_unit(metric)
+            effect = true[metric] - ref
+            # each family's draws in the protocol's order of families
+            families = [(fam, g[metric].to_numpy() - ref)
+                        for fam, g in group[group.kind != "true"].groupby("kind", sort=False)]
+            ci = (None, None)
             if metric == "mae_k_ge_1":
                 h = result.true_entropy[(layer_set, op)]
                 err = np.abs(h[pos] - bayes[pos]) - np.abs(base_h[pos] - bayes[pos])  # per prompt, paired
                 groups = None if task.get("groups") is None else np.asarray(task["groups"])[pos]
                 _, low, high = bootstrap(lambda idx: err[idx].mean(), len(pos), groups, n_boot=n_boot, seed=seed)
-                entry["true_effect_ci"] = [float(low[0]), float(high[0])]
-            out.append(entry)
+                ci = (float(low[0]), float(high[0]))
+            matched = dict(families).get("matched")
+            null = ((*interval(matched), f"matched controls ({len(matched)} draws)")
+                    if matched is not None and len(matched) >= MIN_DRAWS else (None, None, None))
+            out.append(Row("effect", effect, unit, dict(scope, family="true"), *ci,
+                           "bootstrap 95%" if ci[0] is not None else None, *null, n=n, note=f"baseline {ref:.4g}"))
+            for fam, eff in families:
+                draws, enough = len(eff), len(eff) >= MIN_DRAWS
+                out.append(Row("effect", float(np.nanmean(eff)), unit, dict(scope, family=fam),
+                               *(interval(eff) if enough else (None, None)), "controls 95%" if enough else None,
+                               n=draws, note=None if enough else f"too few draws for a range ({draws})"))
+                out.append(Row("percentile_of_true", percentile_of(effect, eff), "fraction", dict(scope, family=fam),
+                               n=draws, note=None if enough else f"too few draws for a percentile ({draws})"))
     return out

@@ -4,8 +4,8 @@ neuron) mechanism, or neither?
 - ``axis_null_overlap``: the value axis u of layer L moved into the residual stream (shifting every value by u
   shifts each query head's attention output by its KV group's part of u, whatever the attention pattern, so the
   residual moves by r = sum_h u_g(h) W_O[h]) and rho = |V0^T r| / |r|, the fraction of its norm in the unembedding's
-  null space (the entropy neurons' score, ``analyses.neurons.NullSpace.rho``), beside random value directions mapped the
-  same way. (A block that normalises its attention output, Gemma 2/3's ``post_attention_layernorm``, is not mapped
+  null space (the entropy neurons' score, ``analyses.unembedding.NullSpace.rho``), beside random value directions
+  mapped the same way. (A block that normalises its attention output, Gemma 2/3's ``post_attention_layernorm``, is not mapped
   through that norm.)
 - ``scale_entropy``: the correlation of the final-norm scale (``ln_final.hook_scale``) at the final token with the
   entropy there, raw and with the nuisance covariates partialled out (within-stratum permutation null).
@@ -22,16 +22,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.layers import layer_index
+from ..core.results import Row
+from ..model.hooks import act_name
 from ..stats.pca import correlations
 from ..stats import as_float64, interval, percentile_of
-from .neurons import LN2, POST_HOOK, NullSpace, _ablate, _layer, final_norm_run, unembedding_null_space
-from ..core.results import Row
+from .neurons import LN2, ablation_hook, final_norm_run
+from .unembedding import NullSpace, unembedding_null_space
 
 
 def value_axis_in_residual(model, direction, layer: int) -> np.ndarray:
     """[d_model] residual-stream image r = sum over query heads h of u_g(h) W_O[h] of a unit direction u in layer
     ``layer``'s value space (``n_kv_heads * d_head``, the space of ``hook_v`` and of ``EntropyAxis``)."""
-    idx = _layer(model, layer)
+    idx = layer_index(layer, model.cfg.n_layers)
     w_o = as_float64(model.blocks[idx].attn.W_O.detach())  # [n_heads, d_head, d_model]
     n_heads = w_o.shape[0]
     n_kv = model.cfg.n_key_value_heads or model.cfg.n_heads
@@ -46,7 +49,7 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
     ``n_random`` isotropic value directions orthogonal to it, mapped through W_O the same way."""
     from .controls import isotropic_axes
 
-    idx = _layer(model, layer)
+    idx = layer_index(layer, model.cfg.n_layers)
     null = null or unembedding_null_space(model)
     u = as_float64(getattr(direction, "direction", direction))
     u = u / np.linalg.norm(u)
@@ -104,7 +107,7 @@ UNITS = dict(d_entropy="bits", d_full_entropy="bits", kl_bits="bits", d_mae_k_ge
 
 
 def _measure(acts, base, task) -> dict:
-    from .interventions import _behaviour
+    from .interventions import calibration_measures
 
     lp, base_lp = acts.logprobs.double(), base.logprobs.double()
     full = -(lp.exp() * lp).sum(-1) / LN2
@@ -113,8 +116,8 @@ def _measure(acts, base, task) -> dict:
                d_full_entropy=float((full - base_full).mean()),
                kl_bits=float(((lp.exp() * (lp - base_lp)).sum(-1) / LN2).mean()))
     if task is not None:
-        now = _behaviour(as_float64(acts.entropy), acts.label_logprobs.numpy(), task)
-        ref = _behaviour(as_float64(base.entropy), base.label_logprobs.numpy(), task)
+        now = calibration_measures(as_float64(acts.entropy), acts.label_logprobs.numpy(), task)
+        ref = calibration_measures(as_float64(base.entropy), base.label_logprobs.numpy(), task)
         out.update({f"d_{m}": now[m] - ref[m] for m in ("mae_k_ge_1", "corr_bayes", "accuracy")})
     return out
 
@@ -136,7 +139,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
     from ..model.edits import AxisCut, intervene
     from .controls import isotropic_axes
 
-    idx = _layer(model, neuron_layer)
+    idx = layer_index(neuron_layer, model.cfg.n_layers)
     neurons = [int(j) for j in neurons]
     clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size, final_only=True)
     means = torch.tensor(clean["means"], device=next(model.parameters()).device)
@@ -156,7 +159,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
 
     base = run(nullcontext())
     edits = []
-    plan = [(m, kind, draw, model.hooks(fwd_hooks=[(POST_HOOK.format(layer=idx), _ablate(s, means[s]))]),
+    plan = [(m, kind, draw, model.hooks(fwd_hooks=[(act_name("post", idx), ablation_hook(s, means[s]))]),
              dict(neurons=s)) for m, kind, draw, s in neuron_sets] + \
         [(m, kind, draw, intervene(model, {axis.layer: op}), {})
          for m, kind, draw, op in axis_edits]

@@ -5,29 +5,9 @@ The mechanism: a last-layer MLP neuron whose output write is large and lies in a
 unembedding barely moves the logits directly, but it changes the residual norm, hence the final LayerNorm/RMSNorm
 scale s, hence every logit by the factor 1/s: entropy moves, the ranking does not.
 
-Effective unembedding. The logits are W_U^T (g * P x / s + b) + b_U, with g the final norm's weight, P the centring
-of LayerNorm (identity for RMSNorm) and s the norm scale (``ln_final.hook_scale``). Softmax ignores a constant added
-to every logit, so the unembedding is also centred over the vocabulary (C). The effective unembedding is
-U = P diag(g) W_U C ([d_model, vocab]): the authors' W_U as TransformerLens processes it by default (the final
-norm folded in, ``center_unembed``, and for LayerNorm ``center_writing_weights``). The null space V0 is spanned by
-U's k = max(10, 1% of d_model) bottom left-singular directions (within the centred subspace for LayerNorm, whose
-all-ones direction the norm never sees). When the vocabulary is smaller than d_model (wind tunnels), U has an exact
-kernel and the null space is at least that kernel. A model scored on a few tokens only (a wind tunnel's hypotheses)
-has U restricted to their columns (``tokens``): its null space is what leaves their distribution unchanged.
-
-A neuron's write is what the block adds to the residual stream when the neuron moves: c w_out (c its change of
-activation) where the MLP's output is added as it is, and the measured change post(h + c w_out) - post(h) where the
-block normalises its MLP's output first (Gemma 2/3's ``post_feedforward_layernorm``, TransformerLens's ``ln2_post``;
-h the MLP's output): that change is not proportional to w_out and depends on h, so it is taken at every position of
-the prompts with c the mean ablation's (mean - activation).
-
-Per neuron (the authors' definitions, ``get_potential_entropy_neurons_udark`` in their ``utils.py``): ``rho`` =
-|V0^T P w| / |P w|, the fraction of the write's *norm* in the null space (pooled over positions for a measured write:
-sqrt(sum |V0^T P dx|^2 / sum |P dx|^2)); a random direction has rho about ``chance`` = sqrt(k / effective dimension);
-``norm`` = |P w_out| (measured: sqrt(sum |P dx|^2 / sum c^2), the write per unit of activation); ``null_norm`` =
-rho * norm (|V0^T P w|); ``logit_var`` = the variance over the vocabulary of the cosine between the write and each
-token's unembedding column (the paper's LogitVar: low for entropy neurons). Candidates are the neurons with the
-largest rho, as the authors rank them (no threshold on the norm).
+The unembedding's null space, the neurons' writes and their scores are ``analyses.unembedding``'s; here the forward
+passes: the clean run with the final-norm scale observed, the ablations and ``entropy_neurons``, which ranks the
+neurons and ablates the candidates.
 
 Ablations (per neuron, mean ablation: its activation set to its mean over the prompts' positions, at every position):
 the total effect on entropy and next-token loss (both in bits), and the direct effect with the final-norm scale
@@ -50,223 +30,16 @@ import numpy as np
 import torch
 
 from ..core.errors import UnsupportedModelError
-from ..stats.pca import correlations
-from ..stats import as_float64, bootstrap_ratio, interval, percentile_of
+from ..core.layers import layer_index
 from ..core.results import Row
+from ..model.hooks import act_name, module_input
+from ..stats import as_float64, bootstrap_ratio, interval, percentile_of
+from .unembedding import NullSpace, PostNorm, neuron_scores, post_mlp_norm, unembedding_null_space
 
 LN2 = math.log(2.0)
-SCALE_HOOK = "ln_final.hook_scale"
-POST_HOOK = "blocks.{layer}.mlp.hook_post"
-MLP_OUT_HOOK = "blocks.{layer}.ln2_post.hook_in"  # the MLP's output before a post-MLP norm
 TOKENS_PER_BATCH = 512  # full-vocabulary logits at every position: keep batches small
 _NATIVE_EDIT = "A forward hook edited hook_scale"  # TransformerLens warns when an RMSNorm scale hook edits
 PATHS = dict(head="rank-one head", post="head through the post-MLP norm", full="full passes")
-
-
-def _layer(model, layer: int) -> int:
-    n = model.cfg.n_layers
-    idx = layer + n if layer < 0 else layer
-    if not 0 <= idx < n:
-        raise ValueError(f"Layer {layer} is out of range for a model with {n} layers.")
-    return idx
-
-
-def _gain(norm) -> np.ndarray:
-    """A norm bridge's effective per-coordinate weight g (1 + w where the norm stores an offset, as Gemma's)."""
-    w = as_float64(norm.original_component.weight.detach())
-    return 1.0 + w if norm.uses_weight_offset else w
-
-
-def _norm_weight(model) -> np.ndarray:
-    """The final norm's effective per-coordinate weight g."""
-    return _gain(model.ln_final)
-
-
-def _centred(model) -> bool:
-    """True for LayerNorm (the residual is centred before the scale), False for RMSNorm."""
-    return not model.ln_final.uses_rms_norm
-
-
-def _effective(w: np.ndarray, centred: bool) -> np.ndarray:
-    """Rows of residual writes as the final norm sees them: centred over d_model for LayerNorm."""
-    return w - w.mean(axis=-1, keepdims=True) if centred else w
-
-
-@dataclass(frozen=True)
-class PostNorm:
-    """The RMSNorm a block applies to its MLP's output before adding it to the residual (Gemma 2/3):
-    post(x) = g * x / r(x), r(x) = sqrt(mean(x^2) + eps). For x = h + c w the change is
-    post(h + c w) - post(h) = g * (a h + b w) with a = 1 / r(h + c w) - 1 / r(h) and b = c / r(h + c w)."""
-
-    gain: np.ndarray  # [d_model]
-    eps: float
-
-    def coefficients(self, h, c, w):
-        """(a, b) for MLP outputs h [..., d], activation changes c [..., n] and output weights w [n, d]: [..., n]
-        each (numpy float64 or torch tensors alike)."""
-        d = h.shape[-1]
-        hh = (h * h).sum(-1)[..., None]
-        r = ((hh / d) + self.eps) ** 0.5
-        r_new = ((hh + 2 * c * (h @ w.T) + c * c * (w * w).sum(-1)) / d + self.eps) ** 0.5
-        return 1 / r_new - 1 / r, c / r_new
-
-
-def post_mlp_norm(model, layer: int) -> PostNorm | None:
-    """The norm ``layer``'s block applies to its MLP's output (TransformerLens's ``ln2_post``), or None where the MLP's
-    output is added to the residual as it is."""
-    norm = getattr(model.blocks[_layer(model, layer)], "ln2_post", None)
-    if norm is None:
-        return None
-    if not norm.uses_rms_norm:
-        raise UnsupportedModelError("This model normalises its MLP output with a LayerNorm; the entropy-neuron "
-                                    "analyses support an RMSNorm there (Gemma 2/3) or none.")
-    module = norm.original_component
-    eps = getattr(module, "eps", None)
-    return PostNorm(_gain(norm), float(getattr(module, "variance_epsilon", 1e-6) if eps is None else eps))
-
-
-def _unembedding_columns(model, centred: bool, chunk: int = 8192, tokens: Sequence[int] | None = None):
-    """Yield (column slice, U[:, slice]) of the effective unembedding U = P diag(g) W_U C in float64 chunks; with
-    ``tokens``, of those columns only (C then centres over them: a softmax over them ignores their common shift)."""
-    w_u = model.W_U.detach()  # [d_model, vocab]
-    if tokens is not None:
-        w_u = w_u[:, list(tokens)]  # [d_model, len(tokens)]
-    g = _norm_weight(model)[:, None]
-    mu = as_float64(w_u.mean(dim=1, dtype=torch.float64))[:, None]  # vocabulary centring
-    for start in range(0, w_u.shape[1], chunk):
-        cols = slice(start, min(start + chunk, w_u.shape[1]))
-        u = g * (as_float64(w_u[:, cols]) - mu)
-        yield cols, (u - u.mean(axis=0, keepdims=True) if centred else u)
-
-
-@dataclass
-class NullSpace:
-    """The effective null space of the unembedding: an orthonormal basis and the spectrum it was cut from."""
-
-    basis: np.ndarray  # [d_model, k] bottom left-singular directions of U
-    singular_values: np.ndarray  # [d_eff] of U, descending
-    centred: bool  # LayerNorm: directions live in the centred subspace
-    exact_kernel: int  # singular values that are zero up to rounding (vocabulary smaller than d_model)
-    norm_gram: np.ndarray = field(repr=False)  # [d, d] mean over tokens of u_v u_v^T / |u_v|^2 (LogitVar)
-    norm_mean: np.ndarray = field(repr=False)  # [d] mean over tokens of u_v / |u_v|
-
-    @property
-    def k(self) -> int:
-        return self.basis.shape[1]
-
-    @property
-    def chance(self) -> float:
-        """The root-mean-square rho of a uniformly random direction: sqrt(k / effective dimension)."""
-        return math.sqrt(self.k / len(self.singular_values))
-
-    def effective(self, w) -> np.ndarray:
-        return _effective(as_float64(w), self.centred)
-
-    def rho(self, w) -> np.ndarray:
-        """|V0^T w| / |w| of the effective w (the authors' ``norm_fraction_on_U_entropy``), for a vector or the rows
-        of a matrix."""
-        w = self.effective(w)
-        return np.linalg.norm(w @ self.basis, axis=-1) / np.linalg.norm(w, axis=-1)
-
-    def summary(self) -> dict:
-        s = self.singular_values
-        return dict(k=self.k, d_effective=len(s), chance_rho=self.chance, exact_kernel=self.exact_kernel,
-                    centred=self.centred, sigma_max=float(s[0]), sigma_null_max=float(s[-self.k]),
-                    sigma_null_min=float(s[-1]), sigma_next_above_null=float(s[-self.k - 1]) if len(s) > self.k
-                    else float("nan"))
-
-
-def unembedding_null_space(model, k: int | None = None, tokens: Sequence[int] | None = None) -> NullSpace:
-    """The bottom-k singular directions of the effective unembedding (default k = max(10, 1% of d_model)),
-    enlarged to U's exact kernel when that is bigger; computed from the float64 Gram matrix U U^T.
-
-    tokens: the readout the model is scored on, when it is not the whole vocabulary (a wind tunnel's hypothesis
-    tokens): U is then their columns alone, centred over them, and the null space is what leaves the distribution
-    over those tokens unchanged (its kernel is d_model - len(tokens) + 1 dimensions, or one fewer for LayerNorm)."""
-    d = model.cfg.d_model
-    k = k or max(10, math.ceil(0.01 * d))
-    centred = _centred(model)
-    gram, norm_gram, norm_sum, vocab = np.zeros((d, d)), np.zeros((d, d)), np.zeros(d), 0
-    for _, u in _unembedding_columns(model, centred, tokens=tokens):
-        gram += u @ u.T
-        un = u / np.maximum(np.linalg.norm(u, axis=0, keepdims=True), 1e-300)
-        norm_gram += un @ un.T
-        norm_sum += un.sum(axis=1)
-        vocab += u.shape[1]
-    if centred:  # restrict to the centred subspace: an orthonormal basis Q of the complement of all-ones
-        q = np.linalg.eigh(np.eye(d) - 1.0 / d)[1][:, 1:]
-    else:
-        q = np.eye(d)
-    evals, evecs = np.linalg.eigh(q.T @ gram @ q)  # ascending
-    sing = np.sqrt(np.clip(evals, 0.0, None))[::-1]
-    exact = int((sing <= 1e-6 * sing[0]).sum())
-    k = min(max(k, exact), len(sing) - 1)
-    return NullSpace(basis=q @ evecs[:, :k], singular_values=sing, centred=centred, exact_kernel=exact,
-                     norm_gram=norm_gram / vocab, norm_mean=norm_sum / vocab)
-
-
-def _w_out(model, layer: int) -> np.ndarray:
-    return as_float64(model.blocks[layer].mlp.W_out.detach())  # [d_mlp, d_model]
-
-
-def _scores_from_forms(sq, null_sq, gram_sq, mean_sq, unit_sq) -> dict[str, np.ndarray]:
-    """Scores from pooled quadratic forms of the writes: |P w|^2, |V0^T w|^2, w^T N w, (w . mu)^2 and the squared
-    activation changes they came from (1 for a weight)."""
-    live = sq > 0  # a neuron that never leaves its mean writes nothing: no direction, scores 0
-    safe = np.where(live, sq, 1.0)
-    rho = np.where(live, np.sqrt(np.clip(null_sq, 0.0, None) / safe), 0.0)
-    norm = np.where(live, np.sqrt(sq / np.where(unit_sq > 0, unit_sq, 1.0)), 0.0)
-    return dict(norm=norm, rho=rho, null_norm=rho * norm, logit_var=np.where(live, (gram_sq - mean_sq) / safe, 0.0))
-
-
-def _measured_write_forms(null: NullSpace, post: PostNorm, w: np.ndarray, means: np.ndarray, inputs):
-    """Pooled quadratic forms of the measured writes dx = g * (a h + b w) over every position of the clean run's
-    batches ``inputs`` ([(MLP activations [b, pos, n], MLP outputs [b, pos, d])]), without forming dx: each form of
-    a h + b w expands into forms of h, of w and between them, products over d_model only."""
-    y = null.effective(post.gain * w)  # [n, d]
-    yv, yn, ym = y @ null.basis, y @ null.norm_gram, y @ null.norm_mean
-    n = len(w)
-    acc = {key: np.zeros(n) for key in ("sq", "null_sq", "gram_sq", "mean_sq", "unit_sq")}
-    for act, h in inputs:
-        act = as_float64(act).reshape(-1, n)  # [P, n]
-        h = as_float64(h).reshape(len(act), -1)  # [P, d]
-        c = means[None, :] - act
-        a, b = post.coefficients(h, c, w)
-        x = null.effective(post.gain * h)  # [P, d]
-        xv, xm = x @ null.basis, x @ null.norm_mean
-        for key, xx, xy, yy in (("sq", (x * x).sum(1), x @ y.T, (y * y).sum(1)),
-                                ("null_sq", (xv * xv).sum(1), xv @ yv.T, (yv * yv).sum(1)),
-                                ("gram_sq", ((x @ null.norm_gram) * x).sum(1), x @ yn.T, (yn * y).sum(1))):
-            acc[key] += (a * a * xx[:, None] + 2 * a * b * xy + b * b * yy[None, :]).sum(0)
-        acc["mean_sq"] += ((a * xm[:, None] + b * ym[None, :]) ** 2).sum(0)
-        acc["unit_sq"] += (c * c).sum(0)
-    return acc
-
-
-def neuron_scores(model, layer: int = -1, null: NullSpace | None = None,
-                  clean: dict | None = None) -> dict[str, np.ndarray]:
-    """Per neuron of ``layer``'s MLP: norm, rho, null_norm and logit_var (module docstring), as float64 arrays, and
-    ``write``: what they are of ("W_out", or "measured" through a post-MLP norm).
-
-    Where the block normalises its MLP's output (``post_mlp_norm``) the write depends on the activations: ``clean``
-    must then be ``final_norm_run``'s output for the prompts with ``keep_head_inputs=True`` (its MLP outputs and
-    activations)."""
-    idx = _layer(model, layer)
-    null = null or unembedding_null_space(model)
-    post = post_mlp_norm(model, idx)
-    w = _w_out(model, idx)
-    if post is None:
-        we = null.effective(w)
-        sq = (we**2).sum(axis=1)
-        out = _scores_from_forms(sq, ((we @ null.basis) ** 2).sum(1), np.einsum("nd,de,ne->n", we, null.norm_gram, we),
-                                 (we @ null.norm_mean) ** 2, np.ones(len(w)))
-        return dict(out, write="W_out")
-    if clean is None or not clean.get("head_inputs") or clean["head_inputs"][0][2] is None or clean.get("layer") != idx:
-        raise ValueError(f"Layer {idx} normalises its MLP output, so a neuron's write depends on its activations: "
-                         "pass clean=final_norm_run(model, prompts, layer=..., keep_head_inputs=True).")
-    forms = _measured_write_forms(null, post, w, clean["means"], [(p, h) for _, p, h in clean["head_inputs"]])
-    return dict(_scores_from_forms(**forms), write="measured")
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # forward passes with the final-norm scale observed or frozen
@@ -305,9 +78,10 @@ def _prepare(model, prompts, batch_size):
     """Token ids (the checkpoint's own tokenizer) and their length buckets; refuses models without the hooks."""
     from ..model.collect import check_prompts, length_batches, tokenize
 
-    if SCALE_HOOK not in model.hook_dict:
-        raise UnsupportedModelError(f"This model has no '{SCALE_HOOK}' hook (no final LayerNorm or RMSNorm); the "
-                                    "final-norm analyses need one.")
+    scale = act_name("scale")
+    if scale not in model.hook_dict:
+        raise UnsupportedModelError(f"This model has no '{scale}' hook (no final LayerNorm or RMSNorm); the final-norm "
+                                    "analyses need one.")
     token_ids = tokenize(model, prompts)
     check_prompts(token_ids, prompts, model.cfg.n_ctx)
     return token_ids, list(length_batches(token_ids, batch_size, tokens_per_batch=TOKENS_PER_BATCH))
@@ -324,7 +98,7 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
     position alone (entropy there, no loss), which is all most callers need."""
     token_ids, batches = _prepare(model, prompts, batch_size)
     device = next(model.parameters()).device
-    idx = _layer(model, layer)
+    idx = layer_index(layer, model.cfg.n_layers)
     post_norm = post_mlp_norm(model, idx) is not None
     labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
     n = len(token_ids)
@@ -338,9 +112,9 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
             return t.clone() if name == "scale" else None  # the scale goes through the edit path (module docstring)
         return hook
 
-    hooks = [(SCALE_HOOK, keep("scale")), (POST_HOOK.format(layer=idx), keep("post")),
-             ("ln_final.hook_in", keep("resid"))] + ([(MLP_OUT_HOOK.format(layer=idx), keep("mlp_out"))]
-                                                     if post_norm and keep_head_inputs else [])
+    hooks = [(act_name("scale"), keep("scale")), (act_name("post", idx), keep("post")),
+             (module_input("ln_final"), keep("resid"))] + ([(module_input("ln2_post", idx), keep("mlp_out"))]
+                                                           if post_norm and keep_head_inputs else [])
     with _quiet_scale_edits(), model.hooks(fwd_hooks=hooks):
         for b in batches:
             ids = torch.tensor([token_ids[i] for i in b], device=device)
@@ -364,7 +138,9 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
     return out
 
 
-def _ablate(neurons: Sequence[int], values: torch.Tensor):
+def ablation_hook(neurons: Sequence[int], values: torch.Tensor):
+    """A hook on an MLP's activations (``hook_post``) setting those of ``neurons`` to ``values`` at every position
+    (their means: a mean ablation)."""
     idx = list(neurons)
 
     def hook(act: torch.Tensor, hook) -> torch.Tensor:
@@ -377,7 +153,7 @@ def _ablate(neurons: Sequence[int], values: torch.Tensor):
 def _head(model, resid: torch.Tensor, scale_hook) -> torch.Tensor:
     """Logits from a final residual through the model's own final norm (its scale via ``scale_hook``) and
     unembedding, before any soft cap (``_softcap``)."""
-    with model.hooks(fwd_hooks=[(SCALE_HOOK, scale_hook)]):
+    with model.hooks(fwd_hooks=[(act_name("scale"), scale_hook)]):
         return model.unembed(model.ln_final(resid))
 
 
@@ -391,7 +167,7 @@ def _softcap(model, z: torch.Tensor) -> torch.Tensor:
 def _scale_of(model, resid: torch.Tensor) -> torch.Tensor:
     """The final norm's scale of ``resid`` ([..., 1]), from the model's own norm."""
     seen = {}
-    with model.hooks(fwd_hooks=[(SCALE_HOOK, lambda t, hook: seen.__setitem__("scale", t.detach()))]):
+    with model.hooks(fwd_hooks=[(act_name("scale"), lambda t, hook: seen.__setitem__("scale", t.detach()))]):
         model.ln_final(resid)
     return seen["scale"]
 
@@ -486,7 +262,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     hooked on ``hook_post``."""
     from tqdm.auto import tqdm
 
-    idx = _layer(model, layer)
+    idx = layer_index(layer, model.cfg.n_layers)
     last = idx == model.cfg.n_layers - 1
     post = post_mlp_norm(model, idx)
     if clean is None or (last and "head_inputs" not in clean):
@@ -513,12 +289,12 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                 z0 = _head(model, resid, lambda t, hook: t.clone())  # the clean run's arithmetic
                 gh = head.batch(h)
             for j in neurons:
-                ablate = (POST_HOOK.format(layer=idx), _ablate([j], means[[j]]))
+                ablate = (act_name("post", idx), ablation_hook([j], means[[j]]))
                 for cond, scale_hook in (("total", lambda t, hook: t.clone()),
                                          ("direct", lambda t, hook, s=frozen: s.clone())):
                     full = None
                     if not head_only or (step == 0 and j == neurons[0]):  # the shortcut is checked once
-                        with model.hooks(fwd_hooks=[ablate, (SCALE_HOOK, scale_hook)]):
+                        with model.hooks(fwd_hooks=[ablate, (act_name("scale"), scale_hook)]):
                             full = model(ids)
                     if head_only:
                         logits = head.logits(j, means[j] - act[..., j], resid, z0, frozen,
@@ -626,21 +402,35 @@ class EntropyNeuronReport:
         return out
 
 
-def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random: int = 5, null_dim: int | None = None,
-                    null: NullSpace | None = None, label_tokens: Sequence[int] | None = None, seed: int = 0,
-                    batch_size: int | None = None, n_boot: int = 1000, progress: bool = True) -> EntropyNeuronReport:
-    """Find and test entropy-neuron candidates in ``layer``'s MLP (default the last).
+@dataclass(frozen=True)
+class AblationProtocol:
+    """Which neurons ``entropy_neurons`` ablates and how it reads them: the ``top_n`` candidates of ``layer``'s MLP
+    (default the last) by rho, beside ``n_random`` other neurons of the layer drawn with ``seed``, each effect with a
+    bootstrap interval of ``n_boot`` draws over prompts (seeded with ``seed`` too)."""
 
-    Candidates are the ``top_n`` neurons with the largest rho = |V0^T w| / |w| (the authors' ranking; w the write,
-    measured where a post-MLP norm applies); each is mean-ablated alone on ``prompts`` (texts or token ids), as are
-    ``n_random`` other neurons drawn with ``seed``, and the total, direct (final-norm scale frozen) and
-    norm-mediated effects on entropy and loss (and, with ``label_tokens``, on the final position's entropy over
-    them) are reported per neuron with bootstrap intervals over prompts. ``null``: the null space to rank by
-    (default ``unembedding_null_space(model, null_dim)``). Works for LayerNorm and RMSNorm models, with or without
-    a norm after the MLP.
+    layer: int = -1
+    top_n: int = 5
+    n_random: int = 5
+    seed: int = 0
+    n_boot: int = 1000
+
+
+def entropy_neurons(model, prompts, protocol: AblationProtocol = AblationProtocol(), *, null: NullSpace | None = None,
+                    label_tokens: Sequence[int] | None = None, batch_size: int | None = None,
+                    progress: bool = True) -> EntropyNeuronReport:
+    """Find and test entropy-neuron candidates in the MLP of ``protocol.layer``.
+
+    Candidates are the ``protocol.top_n`` neurons with the largest rho = |V0^T w| / |w| (the authors' ranking; w
+    the write, measured where a post-MLP norm applies); each is mean-ablated alone on ``prompts`` (texts or token
+    ids), as are the protocol's random neurons, and the total, direct (final-norm scale frozen) and norm-mediated
+    effects on entropy and loss (and, with ``label_tokens``, on the final position's entropy over them) are
+    reported per neuron with bootstrap intervals over prompts. ``null``: the null space to rank by (default
+    ``unembedding_null_space(model)``; pass ``unembedding_null_space(model, k)`` for another dimension). Works for
+    LayerNorm and RMSNorm models, with or without a norm after the MLP.
     """
-    idx = _layer(model, layer)
-    null = null or unembedding_null_space(model, null_dim)
+    top_n, n_random, seed, n_boot = protocol.top_n, protocol.n_random, protocol.seed, protocol.n_boot
+    idx = layer_index(protocol.layer, model.cfg.n_layers)
+    null = null or unembedding_null_space(model)
     post = post_mlp_norm(model, idx)
     clean = final_norm_run(model, prompts, layer=idx, label_tokens=label_tokens, batch_size=batch_size,
                            keep_head_inputs=idx == model.cfg.n_layers - 1 or post is not None)
@@ -668,48 +458,3 @@ def entropy_neurons(model, prompts, *, layer: int = -1, top_n: int = 5, n_random
                                write=write, scores={s: v.tolist() for s, v in scores.items()})
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# token frequency
-
-
-def unigram_counts(model, texts_or_ids) -> np.ndarray:
-    """[vocab] token counts over texts (tokenised with the checkpoint's own tokenizer) or token-id lists, e.g. the
-    prompt pool or a ``datasets`` corpus's text column."""
-    from ..model.collect import tokenize
-
-    flat = [t for ids in tokenize(model, list(texts_or_ids)) for t in ids]
-    return np.bincount(np.asarray(flat, dtype=np.int64), minlength=model.cfg.d_vocab).astype(np.float64)
-
-
-def frequency_neurons(model, counts, *, layer: int = -1, top_n: int = 10, min_count: int = 1, n_random: int = 200,
-                      seed: int = 0) -> dict:
-    """Neurons whose logit effect U^T w_out follows log unigram frequency (Stolfo et al.'s token-frequency neurons).
-
-    Over the tokens seen at least ``min_count`` times: the Pearson r of each neuron's logit effect with log
-    frequency; the ``top_n`` by |r|, each with its percentile among all neurons; the null, r for ``n_random`` random
-    residual directions; and the ceiling, r of the best direction (least squares of log frequency on U's columns).
-    """
-    idx = _layer(model, layer)
-    counts = as_float64(counts)
-    seen = np.flatnonzero(counts >= min_count)
-    centred = _centred(model)
-    u = np.concatenate([cols_u[:, np.isin(np.arange(cols.start, cols.stop), seen)]
-                        for cols, cols_u in _unembedding_columns(model, centred)], axis=1)  # [d, n_seen]
-    logf = np.log(counts[seen] / counts.sum())
-    z = (logf - logf.mean()) / logf.std()
-
-    def corr(writes: np.ndarray) -> np.ndarray:  # [m, d] -> Pearson r of each row's logit effect with log f
-        eff = writes @ u
-        eff = (eff - eff.mean(1, keepdims=True)) / eff.std(1, keepdims=True)
-        return eff @ z / len(z)
-
-    r = corr(_effective(_w_out(model, idx), centred))
-    rng = np.random.default_rng(seed)
-    null = corr(_effective(rng.standard_normal((n_random, u.shape[0])), centred))
-    best, *_ = np.linalg.lstsq(u.T, z, rcond=None)
-    top = np.argsort(-np.abs(r), kind="stable")[:top_n]
-    return dict(layer=idx, n_tokens_seen=int(len(seen)), n_token_count=int(counts.sum()), min_count=min_count,
-                top=[dict(neuron=int(j), r=float(r[j]), abs_percentile=percentile_of(abs(r[j]), np.abs(r)))
-                     for j in top],
-                null_range=interval(null), n_random=n_random,
-                ceiling_r=correlations(u.T @ best, z)["pearson"], all_r=r.tolist())

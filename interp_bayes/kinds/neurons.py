@@ -82,13 +82,14 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
     from ..analyses.axis import fit_entropy_axis
     from ..stats.confounds import deconfounded_rows
     from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
-    from ..analyses.neurons import entropy_neurons, frequency_neurons, unembedding_null_space, unigram_counts
+    from ..analyses.neurons import AblationProtocol, entropy_neurons
+    from ..analyses.unembedding import frequency_neurons, unembedding_null_space, unigram_counts
 
     s = _prompt_sets(ctx, p)
     model = s.model
     null = unembedding_null_space(model, tokens=s.readout)
-    report = entropy_neurons(model, s.ablate, layer=p.layer, top_n=p.top_n, n_random=p.n_random, null=null,
-                             label_tokens=s.readout, seed=p.seed, batch_size=ctx.config.batch_size, n_boot=p.n_boot,
+    report = entropy_neurons(model, s.ablate, AblationProtocol(p.layer, p.top_n, p.n_random, p.seed, p.n_boot),
+                             null=null, label_tokens=s.readout, batch_size=ctx.config.batch_size,
                              progress=not ctx.config.quiet)
     rows = report.rows()
     if s.texts is not None:
