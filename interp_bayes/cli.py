@@ -158,7 +158,7 @@ COMMANDS = {
                  (".dynamics.cli", "add_dynamics_arguments"), _run_module(".dynamics.cli", "dynamics_main")),
     "models": ("list the registry's model aliases", None, _models),
     "grid": ("run many sweeps (models x revisions x seeds) locally or on Ray, and build the grid page",
-             (".grid", "add_grid_arguments"), _run_module(".grid", "grid_main")),
+             (".run.grid", "add_grid_arguments"), _run_module(".run.grid", "grid_main")),
 }
 
 

@@ -275,22 +275,22 @@ def test_set_overrides_recipe_parameters_key_by_key():
     """--set merges into the recipe (nested mappings key by key), changes the probe's cache key but not the run id,
     and refuses a probe the sweep does not run, a parameter the kind does not know and a malformed assignment."""
     from interp_bayes.run.config import parse_set
-    from interp_bayes.run.sweep import _probes
+    from interp_bayes.run.sweep import load_probes
 
     overrides = parse_set(["interventions.controls.isotropic=3", "interventions.ops=[cut]"])
     assert overrides == {"interventions": {"controls": {"isotropic": 3}, "ops": ["cut"]}}
     base = SweepConfig(probes=["interventions", "keys"])
     cfg = base.override(overrides=overrides)
-    (probe, keys), (default, _) = _probes(cfg), _probes(base)
+    (probe, keys), (default, _) = load_probes(cfg), load_probes(base)
     assert dict(probe.params.controls) == {"isotropic": 3, "matched": 10, "pcs": 3}  # the recipe's other draws kept
     assert tuple(probe.params.ops) == ("cut",) and probe.key() != default.key()
     assert cfg.digest() == base.digest()
     assert cfg.override(overrides=parse_set(["interventions.per_k=20"])).overrides["interventions"] == dict(
         controls={"isotropic": 3}, ops=["cut"], per_k=20)
     with pytest.raises(ConfigError, match="Overrides name probe.s. icl that this sweep does not run"):
-        _probes(base.override(overrides=parse_set(["icl.per_k=20"])))
+        load_probes(base.override(overrides=parse_set(["icl.per_k=20"])))
     with pytest.raises(ConfigError, match="Unknown parameter.s. nope for probe kind 'interventions'"):
-        _probes(base.override(overrides=parse_set(["interventions.nope=1"])))
+        load_probes(base.override(overrides=parse_set(["interventions.nope=1"])))
     with pytest.raises(ConfigError, match="--set takes PROBE.PARAMETER=VALUE"):
         parse_set(["interventions=3"])
 

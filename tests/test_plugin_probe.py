@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from interp_bayes.core import registry as kinds
+from interp_bayes.core.plugin import Kind
 from interp_bayes.run.config import SweepConfig
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.core.results import find
@@ -191,7 +192,8 @@ def _plugin(folder: Path, kind_name: str, body: str = "") -> Path:
     """A .py plugin registering a trivial kind called ``kind_name``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "plugin.py"
-    path.write_text("from dataclasses import dataclass\nfrom interp_bayes.kinds import Kind, Params, Result, register\n"
+    path.write_text("from dataclasses import dataclass\nfrom interp_bayes.core.plugin import Kind, Params, Result\n"
+                    "from interp_bayes.core.registry import register\n"
                     f"{body}\n@dataclass(frozen=True)\nclass P(Params):\n    n: int = 1\n\n"
                     f"KIND = register(Kind({kind_name!r}, P, lambda ctx, p: Result([])))\n")
     return path
@@ -205,7 +207,7 @@ def test_duplicate_names_are_refused_and_the_same_module_again_is_quiet(tmp_path
     assert kinds.provenance(again) == dict(kind_module=str(first.resolve()), kind_from="file")
     assert kinds.register(again) is again  # the very same Kind object registered again (here): harmless...
     assert kinds.provenance(again)["kind_module"] == str(first.resolve())  # ...and it still belongs to its file
-    impostor = kinds.Kind("dup", again.params, again.run)
+    impostor = Kind("dup", again.params, again.run)
     with pytest.raises(ConfigError, match="Two modules register a probe kind named 'dup'") as err:
         kinds.register(impostor)  # another Kind under that name, from another module (this one)
     assert str(first.resolve()) in str(err.value) and f"module {__name__}" in str(err.value)

@@ -35,7 +35,7 @@ from ..stats import fit_ridge, group_folds, residual_confounding, residualize
 METHODS = ("pc1", "ridge")
 
 
-def _fit_direction(x: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
+def fit_direction(x: np.ndarray, y: np.ndarray, method: str) -> np.ndarray:
     """Unit direction in raw value space for rows ``x`` and entropies ``y``, oriented so projection grows with y."""
     if method == "pc1":
         sd = x.std(axis=0, ddof=1)
@@ -123,7 +123,7 @@ def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds
         if control is not None:
             x_train, x_part = residualize(x_train, x_part, control[train], control[part])
             y_train, target[part] = residualize(y_train, y[part], control[train], control[part])
-        u = _fit_direction(x_train, y_train, method)
+        u = fit_direction(x_train, y_train, method)
         out[part] = (x_part - x_train.mean(axis=0)) @ u
         raw[part] = (x[part] - x[train].mean(axis=0)) @ u
     return out, target, raw
@@ -167,7 +167,7 @@ def fit_entropy_axis(acts, layer: int = -1, method: str = "pc1", *, folds: int =
     cov_all, cov_names = _control_matrix(control, len(x_all))
     cov = None if cov_all is None else cov_all[idx]
     x_fit, y_fit = (x, y) if cov is None else (residualize(x, cov_train=cov), residualize(y, cov_train=cov))
-    u = _fit_direction(x_fit, y_fit, method)
+    u = fit_direction(x_fit, y_fit, method)
     proj = x @ u
     held_out = None
     if folds and folds >= 2:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .axis import _fit_direction
+from .axis import fit_direction
 from ..stats import as_float64
 from ..stats.pca import correlations
 from ..core.results import Row
@@ -64,7 +64,7 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
     pred, y_out, axis = np.empty_like(targets), np.empty_like(targets), np.empty(len(y))
     for train, test in group_folds(groups, folds, seed=seed, n=len(x)):
         x_tr, x_te, t_tr, t_te = x[train], x[test], targets[train], targets[test]
-        u = _fit_direction(x_tr, t_tr[:, 0], "pc1")  # the axis sees only the training folds
+        u = fit_direction(x_tr, t_tr[:, 0], "pc1")  # the axis sees only the training folds
         p_tr, p_te = (x_tr - x_tr.mean(0)) @ u, (x_te - x_tr.mean(0)) @ u
         c_tr = c_te = None
         if covariates is not None:

@@ -40,12 +40,13 @@ from ..model.collect import query_readings
 from ..stats import fit_ridge, interval, percentile_of
 from ..stats.calibration import kl_bits
 from ..core.errors import ConfigError
+from ..core.layers import layer_index
 from ..stats import as_float64
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
 from .controls import isotropic_subspaces, matched_subspaces
 from ..tasks.base import TaskBatch, entropy_bits
-from ..windtunnel.evaluate import paired_margin, restricted_log_probs
+from ..windtunnel.discrete import paired_margin, restricted_log_probs
 
 OPS = {"cut": SubspaceCut, "only": SubspaceOnly}
 
@@ -68,11 +69,11 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
     """name -> orthonormal basis [k, dim] (see the module docstring): the axis and the belief frame from the
     activations at the query positions ``x_query`` [n, dim] and their exact posteriors [n, H]; the PCs and the
     token frame from the activations at every position ``x_all`` with their ``tokens``."""
-    from .axis import _fit_direction
+    from .axis import fit_direction
 
     H = posterior.shape[1]
     h_bayes = entropy_bits(torch.from_numpy(posterior)).numpy()
-    bases = {"entropy-axis": _fit_direction(x_query, h_bayes, "ridge")[None]}
+    bases = {"entropy-axis": fit_direction(x_query, h_bayes, "ridge")[None]}
     probe = fit_ridge(x_query, posterior)
     bases["frame-belief"] = top_rows((probe.coef / probe.sd[:, None]).T, H - 1)  # raw-space readouts
     bases["frame-pcs"] = pca(x_all, standardize=False)[1][: H - 1]
@@ -124,7 +125,7 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
     task = make_task(cfg)
     model = load_model(folder)
-    layers = list(range(model.cfg.n_layers)) if layers is None else [layer % model.cfg.n_layers for layer in layers]
+    layers = list(range(model.cfg.n_layers)) if layers is None else [layer_index(x, model.cfg.n_layers) for x in layers]
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H = task.hypothesis_ids, len(task.hypothesis_ids)
     x_fit = query_readings(model, fit, layers=layers, readings=(site,))[site]

@@ -39,7 +39,7 @@ class Params:
                 raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' must be {_describe(hints[name])}, "
                                   f"not {value!r}.")
             least = _least(name)
-            if least is not None and _is_int(value) and value < least:
+            if least is not None and is_int(value) and value < least:
                 raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' counts something and must be at "
                                   f"least {least}, not {value!r}.")
         return cls(**{k: _freeze(v) for k, v in data.items()})
@@ -56,6 +56,11 @@ class Params:
             out[f.name] = value
         return out
 
+    def check_layers(self, ctx, probe: str) -> None:
+        """Refuse, before the sweep writes anything, layers this recipe analyses but does not collect (ConfigError
+        naming ``probe``). A kind with a parameter naming an analysed layer overrides it; the default checks
+        nothing."""
+
 
 def _freeze(value):
     """Lists from YAML become tuples, so params stay hashable and immutable."""
@@ -66,7 +71,8 @@ def _freeze(value):
     return value
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """An int that is not a bool (YAML's ``true`` is no count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -103,7 +109,7 @@ def _fits(value, hint) -> bool:
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
-        return _is_int(value)
+        return is_int(value)
     if isinstance(hint, type):
         return isinstance(value, hint)
     return True

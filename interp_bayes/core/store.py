@@ -29,6 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator
 
+import yaml
+
 from .errors import CacheError, ConfigError
 
 MANIFEST = "manifest.json"  # the digests of a saved activation set (``seal``), written last
@@ -172,6 +174,28 @@ def read_json(path: str | Path):
 
 # Names that become file or folder names (probe names, activation-set labels, grid names): a letter or digit first,
 # so "." and ".." and hidden names are impossible, and no separator
+def parse_yaml(text: str, what: str):
+    """YAML text (safe loader); ConfigError naming ``what`` and where the text is malformed."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{what} is not valid YAML ({getattr(err, 'problem', None) or err}{where}); fix it "
+                          "and rerun.") from None
+
+
+def read_yaml(path: str | Path, what: str):
+    """A YAML file; ConfigError (one sentence) when it is missing, unreadable or malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        problem = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err})"
+        raise ConfigError(f"{what} {path} {problem}; check the path.") from None
+    return parse_yaml(text, f"{what} {path}")
+
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 

@@ -11,7 +11,7 @@ from ..core.errors import CacheError
 from ..core.results import Row, find
 from ..core.store import read_json, warn, write_json
 
-SULA_LAYERS = "spread5"  # the in-context probes read five evenly spaced layers ending at the last
+SULA_LAYERS = "spread5"  # the in-context probes collect five evenly spaced layers ending at the last
 
 
 def pool(ctx, source):
@@ -53,11 +53,10 @@ def sula_task(ctx, per_k: int):
 
 def sula_request(ctx, condition: str, per_k: int, seed: int, layers) -> dict:
     """The arguments of one SULA activation set (shared by the icl, axis and interventions kinds, so they collect
-    it once): label, prompts, layers (the probe's and the sweep's), label tokens; and the task's columns."""
+    it once): label, prompts, layers (the recipe's ``layers``, a layer spec), label tokens; and the task's columns."""
     task, ids = sula_task(ctx, per_k)
     cols = task.generate(condition, seed=seed)
-    return dict(label=f"sula-{condition}", prompts=cols["text"], layers=sorted(set(ctx.layers(layers)) |
-                                                                              set(ctx.layers(None))),
+    return dict(label=f"sula-{condition}", prompts=cols["text"], layers=ctx.layers(layers),
                 label_tokens=ids["remap" if condition == "remap" else "main"], cols=cols)
 
 

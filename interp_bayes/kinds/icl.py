@@ -9,10 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows, pct, plan_sula, sula
+from ..core.layers import check_recipe_layers
+from .common import (SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows,
+    pct, plan_sula, sula)
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
@@ -25,11 +28,18 @@ class ICLParams(Params):
     per_k: int = 50  # prompts per k in (0, 1, 2, 4, 8), and per label split of the fixed_k condition
     seed: int = 42  # the prompt draws (paired across conditions)
     layers: tuple[int, ...] | str = SULA_LAYERS  # layers collected (shared with the axis and interventions probes)
+    at: int | str = -1  # the one layer whose value geometry is analysed, among ``layers`` (-1, "last", "middle")
     n_boot: int = 1000
     n_null: int = 200
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded correlations (k: one
     #                                                           indicator per value; length: a spline basis)
     n_perm: int = 1000  # draws of the within-k permutation null
+
+    def check_layers(self, ctx, probe: str) -> None:
+        if len(ctx.layers(self.at)) != 1:
+            raise ConfigError(f"Parameter 'at' of probe '{probe}' names one layer (e.g. -1, 'last' or 'middle'), "
+                              f"not {self.at!r}.")
+        check_recipe_layers(ctx, probe, self.layers, dict(at=self.at))
 
 
 def calibration_rows(cmp: dict, scope: dict) -> list[Row]:
@@ -71,7 +81,7 @@ def run(ctx, p: ICLParams) -> Result:
             rows += calibration_rows(cmp, dict(condition=condition, target=target))
         if condition not in ("main", "fixed_k"):
             continue
-        k, layer = np.array(cols["k"]), acts.layers[-1]
+        k, (layer,) = np.array(cols["k"]), ctx.layers(p.at)
         lengths = np.array([len(t) for t in acts.token_ids])
         columns = nuisance_columns(lengths, k=k)
         v = acts.values(layer)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -15,26 +15,15 @@ from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.layers import check_recipe_layers
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula, sula_task
 
-MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no range is shown
-MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")
+if TYPE_CHECKING:  # imported where used: importing the kinds stays free of torch
+    from ..analyses.interventions import EditProtocol
+
+# the labels of the measures ``summarize`` reports (``analyses.interventions.MEASURES``), in its order
 MEASURE_LABELS = dict(mae_k_ge_1="Δ entropy MAE vs Bayes, k≥1 (bits)", corr_bayes="Δ r(model H, Bayes H), k≥1",
                       kl_bits="KL(edited ‖ unperturbed) (bits)", geom_downstream="Δ r(v·u, model H) at later layers")
-
-
-def measure_unit(metric: str) -> str:
-    """The unit of an intervention measure and of its change: bits for an entropy MAE or a KL divergence, a
-    fraction for label accuracy, Pearson r for a correlation (corr_*, and geom_*: r(v·u, model H) at a layer)."""
-    if metric.startswith(("mae", "kl")):
-        return "bits"
-    if metric == "accuracy":
-        return "fraction"
-    if metric.startswith(("corr", "geom")):
-        return "r"
-    raise ConfigError(f"No unit is known for the intervention measure {metric!r}; add it to measure_unit.")
-
-
 FAMILY_COLOURS = dict(true="#c0392b", isotropic="#7f8c8d", matched="#2e86c1", pcs="#27ae60")
 
 
@@ -51,6 +40,9 @@ class InterventionsParams(Params):
     axis_control: tuple[str, ...] = ()  # covariates of a conditional axis (e.g. [length, k, log_k]); () = plain axis
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded baseline geometry
     n_perm: int = 1000
+
+    def check_layers(self, ctx, probe: str) -> None:
+        check_recipe_layers(ctx, probe, self.layers, {f"layer_sets[{i}]": s for i, s in enumerate(self.layer_sets)})
 
 
 def split_by_k(k, seed: int) -> tuple[list[int], list[int]]:
@@ -79,82 +71,76 @@ def layer_sets(ctx, specs) -> list[list[int]]:
     return [ctx.layers(s) if isinstance(s, str) else ctx.layers(list(s)) for s in specs]
 
 
-def protocol(ctx, p, model, prompts: list, acts, cols: dict, *, label_tokens: list[int], sets: list[list[int]],
-             fit_idx: list[int], eval_idx: list[int], columns: dict, strata, strata_name: str) -> Result:
-    """Fit an entropy axis per layer on ``fit_idx`` (conditional on ``p.axis_control`` when given), run every edit
-    of ``p`` on the ``eval_idx`` prompts against the control axes, and return tidy rows (plus every run's measures
-    as data, for the figures). ``columns`` are the nuisance covariates of every prompt, ``strata`` their strata."""
+@dataclass(frozen=True)
+class ProtocolPrompts:
+    """The prompts a kind runs the intervention protocol on, as it prepared them."""
+
+    model: Any
+    prompts: list  # texts or token ids
+    acts: Any  # their Activations at (at least) every edited layer
+    task: dict  # per prompt: k, latent, bayes_entropy
+    label_tokens: list[int]
+    fit_idx: list[int]  # the prompts the axes are fitted on ...
+    eval_idx: list[int]  # ... and those the edits are evaluated on
+    nuisances: dict  # per prompt the nuisance covariates (``stats.confounds.nuisance_columns``) ...
+    strata: Any  # ... their strata ...
+    strata_name: str  # ... and what a stratum is (a row note)
+
+
+def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol) -> Result:
+    """Fit an entropy axis per edited layer on ``s.fit_idx`` (``p.method``, conditional on ``p.axis_control`` when
+    given), run every edit of ``edits`` on the ``s.eval_idx`` prompts against the control axes, and return tidy rows
+    (plus every run's measures as data, for the figures): the axis' reading on the evaluation prompts deconfounded
+    of ``p.covariates``, ``summarize``'s rows, each axis' sigma and the cost."""
     from ..analyses.axis import fit_entropy_axis
-    from ..analyses.controls import CONTROL_FAMILIES
     from ..analyses.interventions import run_interventions, summarize
 
-    unknown = sorted(set(p.controls) - set(CONTROL_FAMILIES))
-    if unknown:
-        raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: {', '.join(CONTROL_FAMILIES)}.")
-    layers = sorted({x for s in sets for x in s})
-    control = {c: columns[c] for c in p.axis_control} if p.axis_control else None
+    acts, fit_idx, eval_idx = s.acts, s.fit_idx, s.eval_idx
+    layers = edits.layers
+    control = {c: s.nuisances[c] for c in p.axis_control} if p.axis_control else None
     axes = {layer: fit_entropy_axis(acts, layer, p.method, subset=fit_idx, folds=0, seed=ctx.config.seed,
                                     control=control) for layer in layers}
     ev = np.asarray(eval_idx)
     geometry = []  # the axis' reading on the evaluation prompts (never fitted on), raw and deconfounded
     for layer, a in axes.items():
         proj = a.project(acts.values(layer)[ev]).double().numpy()
-        for target, y in (("model entropy", acts.entropy.numpy()), ("bayes latent", np.asarray(cols["bayes_entropy"]))):
-            geometry += deconfounded(proj, y[ev], {c: v[ev] for c, v in columns.items()}, p.covariates,
-                                     np.asarray(strata)[ev], strata_name, n_perm=p.n_perm, seed=ctx.config.seed,
+        for target, y in (("model entropy", acts.entropy.numpy()),
+                          ("bayes latent", np.asarray(s.task["bayes_entropy"]))):
+            geometry += deconfounded(proj, y[ev], {c: v[ev] for c, v in s.nuisances.items()}, p.covariates,
+                                     np.asarray(s.strata)[ev], s.strata_name, n_perm=p.n_perm, seed=ctx.config.seed,
                                      metric="corr_eval_projection", scope=dict(layer=layer, target=target,
                                                                                condition="baseline"))
-    task = {key: [cols[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
+    task = {key: [s.task[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
     if acts.groups is not None:  # the MAE's bootstrap resamples whole groups (a wind tunnel's sequences)
         task["groups"] = np.asarray(acts.groups)[ev]
     t = time.perf_counter()
-    res = run_interventions(model, [prompts[i] for i in eval_idx], axes,
-                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task,
-                            label_tokens=label_tokens, layer_sets=sets, ops=p.ops,
-                            controls=p.controls, seed=ctx.config.seed, batch_size=ctx.config.batch_size,
+    res = run_interventions(s.model, [s.prompts[i] for i in eval_idx], axes,
+                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task, edits,
+                            label_tokens=s.label_tokens, batch_size=ctx.config.batch_size,
                             progress=not ctx.config.quiet)
     seconds = time.perf_counter() - t
-    n = len(eval_idx)
-    rows = [Row(measure, value, measure_unit(measure), dict(condition="baseline"), n=n)
-            for measure, value in res.baseline.items() if measure != "entropy"]
-    for s in summarize(res, task, metrics=MEASURES, seed=ctx.config.seed):
-        scope = dict(layer_set=s["layer_set"], op=s["op"], measure=s["metric"])
-        matched_n = s.get("matched_n", 0)
-        null = (s["matched_range"], f"matched controls ({matched_n} draws)") if matched_n >= MIN_DRAWS else (None, None)
-        ci = s.get("true_effect_ci") or [None, None]
-        unit = measure_unit(s["metric"])  # every effect row of this measure, true axis and controls alike
-        rows.append(Row("effect", s["true_effect"], unit, dict(scope, family="true"), ci[0], ci[1], "bootstrap 95%" if ci[0] is not None else None,
-                        *(null[0] or [None, None]), null[1], n=n, note=f"baseline {s['baseline']:.4g}"))
-        for fam in p.controls:
-            if f"{fam}_mean" not in s:
-                continue
-            k = s[f"{fam}_n"]
-            rng = s[f"{fam}_range"] if k >= MIN_DRAWS else [None, None]
-            rows.append(Row("effect", s[f"{fam}_mean"], unit, dict(scope, family=fam), *rng,
-                            "controls 95%" if k >= MIN_DRAWS else None, n=k,
-                            note=None if k >= MIN_DRAWS else f"too few draws for a range ({k})"))
-            rows.append(Row("percentile_of_true", s[f"{fam}_percentile"], "fraction", dict(scope, family=fam), n=k,
-                            note=None if k >= MIN_DRAWS else f"too few draws for a percentile ({k})"))
+    rows = summarize(res, task, seed=ctx.config.seed)
     rows += geometry + [Row("axis_sigma", a.sigma, "value units", dict(layer=layer)) for layer, a in axes.items()]
     rows += [Row("forward_prompts", res.n_forward_prompts, "prompts", {}), Row("seconds", seconds, "s", {})]
     return Result(rows, dict(runs=res.rows, baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
-                             fit=p.fit, n_eval=n, n_fit=len(fit_idx)))
+                             fit=p.fit, n_eval=len(eval_idx), n_fit=len(fit_idx)))
 
 
 def run(ctx, p: InterventionsParams) -> Result:
+    from ..analyses.interventions import EditProtocol
     from ..stats.confounds import nuisance_columns
 
     if p.fit not in ("cross", "in_sample"):
         raise ConfigError(f"fit must be 'cross' or 'in_sample', not {p.fit!r}.")
+    edits = EditProtocol(layer_sets(ctx, p.layer_sets), p.ops, p.controls, ctx.config.seed)
     acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
     fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
     if p.fit == "in_sample":
         fit_idx = eval_idx
     _, ids = sula_task(ctx, p.per_k)
     columns = nuisance_columns([len(t) for t in acts.token_ids], k=cols["k"])
-    return protocol(ctx, p, ctx.model, cols["text"], acts, cols, label_tokens=ids["main"],
-                    sets=layer_sets(ctx, p.layer_sets), fit_idx=fit_idx, eval_idx=eval_idx, columns=columns,
-                    strata=cols["k"], strata_name="k")
+    return protocol(ctx, p, ProtocolPrompts(ctx.model, cols["text"], acts, cols, ids["main"], fit_idx, eval_idx,
+                                            columns, cols["k"], "k"), edits)
 
 
 def plan(ctx, p: InterventionsParams) -> list:
@@ -212,7 +198,7 @@ def effects_figure(p, title_prefix: str = "") -> Figure | None:
     runs = p.data.get("runs")
     if not runs:
         return None
-    measures = [m for m in MEASURES if select(p.rows, "effect", measure=m, family="true")]
+    measures = [m for m in MEASURE_LABELS if select(p.rows, "effect", measure=m, family="true")]
     fig = make_subplots(rows=len(measures), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[MEASURE_LABELS[m] for m in measures])
     families = list(dict.fromkeys(r["kind"] for r in runs if r["kind"] != "true"))

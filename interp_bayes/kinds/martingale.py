@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.results import Row, find, select
+from ..core.results import Row, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import sula_task

@@ -16,7 +16,7 @@ from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
 from .common import deconfounded, deconfounded_text, manifold_rows, pct
 from .icl import calibration_rows
-from .interventions import effects_figure, per_k_figure, protocol, split_by_group, summary_lines
+from .interventions import ProtocolPrompts, effects_figure, per_k_figure, protocol, split_by_group, summary_lines
 
 WINDTUNNELS_DIR = Path(__file__).resolve().parent.parent / "windtunnel" / "checkpoints"
 
@@ -108,6 +108,7 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
 
 def run(ctx, p: WindtunnelParams) -> Result:
     from ..analyses.axis import fit_entropy_axis
+    from ..analyses.interventions import EditProtocol
     from ..stats.calibration import compare_to_bayes
     from ..stats.confounds import nuisance_columns
     from ..analyses.focusing import attention_focusing
@@ -153,9 +154,10 @@ def run(ctx, p: WindtunnelParams) -> Result:
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
                     n=f["n_prompts"]))
     fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides
-    sets = [[(int(x) + n) % n for x in s] for s in p.layer_sets]
-    iv = protocol(ctx, p, model, prompts, acts, cols, label_tokens=task.hypothesis_ids, sets=sets, fit_idx=fit_idx,
-                  eval_idx=eval_idx, columns=columns, strata=k, strata_name="position")
+    from ..core.layers import layer_index  # a layer outside the checkpoint is refused, not wrapped around
+    sets = [[layer_index(x, n) for x in s] for s in p.layer_sets]
+    iv = protocol(ctx, p, ProtocolPrompts(model, prompts, acts, cols, task.hypothesis_ids, fit_idx, eval_idx, columns, k,
+                                          "position"), EditProtocol(sets, p.ops, p.controls, ctx.config.seed))
     rows += iv.rows
     data = dict(iv.data, checkpoint=p.checkpoint, task=task.name, k=k.tolist(), bayes_entropy=bayes.tolist(),
                 model_entropy=acts.entropy.tolist(), pc1=rep["pc1_score"], n_params=n_params(model))

@@ -19,11 +19,11 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core.errors import NonFiniteActivationError, PromptError
-from .loading import checkpoint_tokenizer, model_info, tokenizer_policy
+from ..core.errors import ConfigError, NonFiniteActivationError, PromptError
+from ..core.layers import layer_index, resolve_layers
 from ..core.store import MANIFEST, read_json, seal, unseal
-from ..core.errors import ConfigError
-pass
+from .hooks import act_name, module_input, reading_hook
+from .loading import checkpoint_tokenizer, model_info, tokenizer_policy
 
 LN2 = math.log(2.0)
 
@@ -39,12 +39,12 @@ def _final_query_entropy(pattern: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(p, p).sum(-1) / LN2
 
 
-# reading -> (TransformerLens hook name, reduction to one row per prompt)
-HOOKS = {
-    "v": ("blocks.{layer}.attn.hook_v", _final_flat),  # [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
-    "z": ("blocks.{layer}.attn.hook_z", _final_flat),  # [batch, pos, n_heads, d_head] -> n_heads * d_head
-    "resid": ("blocks.{layer}.hook_resid_post", _final_flat),  # [batch, pos, d_model]
-    "attn_entropy": ("blocks.{layer}.attn.hook_pattern", _final_query_entropy),  # -> n_heads, bits
+# reading -> its reduction to one row per prompt (the hook it is taken from: ``model.hooks.reading_hook``)
+REDUCTIONS = {
+    "v": _final_flat,  # hook_v [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
+    "z": _final_flat,  # hook_z [batch, pos, n_heads, d_head] -> n_heads * d_head
+    "resid": _final_flat,  # hook_resid_post [batch, pos, d_model]
+    "attn_entropy": _final_query_entropy,  # hook_pattern -> n_heads, bits
 }
 TOKENS_PER_BATCH = 2048  # automatic batch size: about this many tokens per forward pass
 
@@ -87,8 +87,9 @@ class Activations:
         return list(self.meta["layers"])
 
     def layer_index(self, layer: int) -> int:
-        """A non-negative layer index; negative ones count from the model's last layer."""
-        idx = layer + self.meta["n_layers"] if layer < 0 else layer
+        """A non-negative layer index (``core.layers.layer_index``: negative ones count from the model's last
+        layer) of a collected layer; KeyError otherwise."""
+        idx = layer_index(layer, self.meta["n_layers"], error=KeyError)
         if idx not in self.meta["layers"]:
             raise KeyError(f"Layer {layer} was not collected; collected layers: {self.meta['layers']}.")
         return idx
@@ -234,16 +235,6 @@ def length_batches(token_ids: list[list[int]], batch_size: int | None,
             yield idx[s:s + size]
 
 
-def _normalise_layers(layers: Sequence[int], n_layers: int) -> list[int]:
-    out = []
-    for layer in layers:
-        idx = layer + n_layers if layer < 0 else layer
-        if not 0 <= idx < n_layers:
-            raise ValueError(f"Layer {layer} is out of range for a model with {n_layers} layers.")
-        out.append(idx)
-    return sorted(set(out))
-
-
 def prompt_digest(token_ids: list[list[int]]) -> str:
     """A short content hash of a tokenised prompt set: provenance for axes and cached stages."""
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
@@ -254,13 +245,13 @@ def reading_hooks(readings: Sequence[str], layers: Sequence[int],
     """Forward hooks that put each reading's final-position row, [batch, dim] float32 on the CPU, into
     ``store[(name, layer)]`` on every forward; they observe and never edit."""
     def keep(name: str, layer: int) -> Callable:
-        reduce = HOOKS[name][1]
+        reduce = REDUCTIONS[name]
 
         def hook(act: torch.Tensor, hook) -> None:
             store[(name, layer)] = reduce(act.detach()).to("cpu", torch.float32)
         return hook
 
-    return [(HOOKS[name][0].format(layer=layer), keep(name, layer)) for name in readings for layer in layers]
+    return [(reading_hook(name, layer), keep(name, layer)) for name in readings for layer in layers]
 
 
 def checked(store: dict[tuple[str, int], torch.Tensor], idx: Sequence[int]) -> dict[tuple[str, int], torch.Tensor]:
@@ -283,7 +274,7 @@ def final_position_tail(model) -> list[tuple[str, Callable]]:
     additions broadcast, so its other positions hold partial sums that nothing reads). Registered after any edit of
     the last block's ``hook_z`` or MLP input, so that edits see every position."""
     last = model.cfg.n_layers - 1
-    return [(f"blocks.{last}.attn.hook_z", _final_position), (f"blocks.{last}.mlp.hook_in", _final_position)]
+    return [(act_name("z", last), _final_position), (module_input("mlp", last), _final_position)]
 
 
 def final_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -331,12 +322,12 @@ def collect(
     """
     from tqdm.auto import tqdm
 
-    unknown = set(readings) - set(HOOKS)
+    unknown = set(readings) - set(REDUCTIONS)
     if unknown:
-        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(HOOKS)}.")
+        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(REDUCTIONS)}.")
     cfg = model.cfg
     n_layers = cfg.n_layers
-    layer_idx = _normalise_layers(layers, n_layers)
+    layer_idx = resolve_layers(layers, n_layers, (-1,))
     token_ids = tokenize(model, prompts, prepend_bos)
     check_prompts(token_ids, prompts, cfg.n_ctx)
     device = next(model.parameters()).device
@@ -406,8 +397,6 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
     unknown = set(readings) - set(PROBE_READINGS)
     if unknown:
         raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(PROBE_READINGS)}.")
-    from ..core.layers import resolve_layers  # refuses an out-of-range layer instead of wrapping it around
-
     n_layers = model.cfg.n_layers
     layers = resolve_layers(layers, n_layers, range(n_layers))
     device = next(model.parameters()).device
@@ -420,7 +409,7 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
             got[(reading, layer)].append(picked.reshape(picked.shape[0] * picked.shape[1], -1))
         return hook
 
-    fwd_hooks = [(HOOKS[r][0].format(layer=layer), keep(r, layer)) for r in readings for layer in layers]
+    fwd_hooks = [(reading_hook(r, layer), keep(r, layer)) for r in readings for layer in layers]
     with model.hooks(fwd_hooks=fwd_hooks):
         for start in range(0, batch.input_ids.shape[0], batch_size):
             model(batch.input_ids[start : start + batch_size].to(device))

@@ -21,13 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 import torch
+
 from ..core.errors import InterventionError
+from ..core.layers import layer_index
+from .hooks import reading_hook
 
-
-HOOK_V = "blocks.{layer}.attn.hook_v"  # where edits act: [batch, pos, n_kv_heads, d_head]
-SITES = {"v": HOOK_V,  # [batch, pos, n_kv_heads, d_head]
-         "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, n_heads, d_head]
-         "resid": "blocks.{layer}.hook_resid_post"}  # [batch, pos, d_model]
+# the edit sites, hooked where the reading of the same name is taken (``model.hooks.reading_hook``): hook_v
+# [batch, pos, n_kv_heads, d_head], hook_z [batch, pos, n_heads, d_head], hook_resid_post [batch, pos, d_model]
+SITES = ("v", "z", "resid")
 
 
 def site_dim(model, site: str) -> int:
@@ -183,7 +184,7 @@ def _check_edit(model, idx: int, op, site: str, allow_layer_mismatch: bool) -> N
         cfg = model.cfg
         shape = {"v": f"{cfg.n_key_value_heads or cfg.n_heads} KV heads x {cfg.d_head} = {dim}",
                  "z": f"{cfg.n_heads} heads x {cfg.d_head} = {dim}", "resid": f"d_model = {dim}"}[site]
-        raise InterventionError(f"The direction has {vectors.shape[-1]} numbers but {SITES[site].format(layer=idx)} "
+        raise InterventionError(f"The direction has {vectors.shape[-1]} numbers but {reading_hook(site, idx)} "
                                 f"has {shape}; fit the axis on this model's readings at that site.")
 
 
@@ -194,9 +195,7 @@ def resolve_edits(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]
     n = model.cfg.n_layers
     out = {}
     for layer, op in edits.items():
-        idx = layer + n if layer < 0 else layer
-        if not 0 <= idx < n:
-            raise InterventionError(f"Layer {layer} is out of range for a model with {n} layers.")
+        idx = layer_index(layer, n, error=InterventionError)
         _check_edit(model, idx, op, site, allow_layer_mismatch)
         out[idx] = op
     return out
@@ -210,6 +209,6 @@ def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *
     exception. An operator built from an ``EntropyAxis`` remembers the axis' layer, and applying it at another layer
     is refused unless ``allow_layer_mismatch`` is set."""
     resolved = resolve_edits(model, edits, site=site, allow_layer_mismatch=allow_layer_mismatch)
-    hooks = [(SITES[site].format(layer=idx), lambda v, hook, op=op: op(v)) for idx, op in resolved.items()]
+    hooks = [(reading_hook(site, idx), lambda v, hook, op=op: op(v)) for idx, op in resolved.items()]
     with model.hooks(fwd_hooks=hooks):
         yield model

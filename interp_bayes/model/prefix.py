@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from .edits import HOOK_V, intervene
+from ..core.layers import layer_index
+from .edits import intervene
+from .hooks import reading_hook
 
 EDIT_TOKENS = 4096  # edits are stacked into one forward up to about this many tokens ...
 EDIT_ROWS = 128  # ... and this many prompt copies (each keeps a row of full-vocabulary logits)
@@ -180,7 +182,7 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     starts: dict[int, list[int]] = {}  # first edited block -> the edits starting there
     for e, edit in enumerate(edits):
         starts.setdefault(min(edit), []).append(e)
-    blocks = {layer: layer % model.cfg.n_layers for layer in layers}  # the caller's spelling -> block index
+    blocks = {layer: layer_index(layer, model.cfg.n_layers) for layer in layers}  # the caller's spelling -> block
     last = model.blocks[-1]
     one_row_per_prompt = [last.attn.o, last.mlp, model.unembed]  # the final position only: run per copy
     store: dict = {}
@@ -209,7 +211,7 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
             for c in range(0, len(members), copies):
                 chunk = members[c:c + copies]
                 edited = sorted({layer for e in chunk for layer in edits[e]})
-                hooks = [(HOOK_V.format(layer=layer), _per_copy_hook([edits[e].get(layer) for e in chunk], rows))
+                hooks = [(reading_hook("v", layer), _per_copy_hook([edits[e].get(layer) for e in chunk], rows))
                          for layer in edited]
                 store.clear()
                 with replay_prefix(model, start, residual.get(start), copies=len(chunk)), \

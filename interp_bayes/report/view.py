@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ..run.config import read_yaml
 from ..core.errors import CacheError, ConfigError, InterpBayesError
 from ..core.results import Row, read_rows
-from ..core.store import read_json, unseal, warn
+from ..core.store import read_json, read_yaml, unseal, warn
 
 
 class ReportError(InterpBayesError, ValueError):

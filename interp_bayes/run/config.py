@@ -10,6 +10,8 @@ from pathlib import Path
 import yaml
 
 from ..core.errors import ConfigError
+from ..core.plugin import is_int
+from ..core.store import parse_yaml, read_yaml
 from ..model.loading import DEFAULT_MODEL
 
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
@@ -27,7 +29,9 @@ class SweepConfig:
     out: str = "reports"  # root of run folders
     prompts: str = "pool"  # prompt pool of the manifold and focusing probes: built-in set or JSONL path
     probes: list[str] | None = None  # probe names (probes/*.yaml) or YAML paths; None: every built-in probe
-    layers: list[int] = field(default_factory=lambda: [-1])  # value layers every probe reads (negative: from the end)
+    # layers of the probes that name none of their own (the prompt pool's; negative: from the end); a recipe's
+    # ``layers:`` names the layers it collects instead
+    layers: list[int] = field(default_factory=lambda: [-1])
     seed: int = 0
     dtype: str | None = None  # None: float32 up to ~3B parameters, bfloat16 above
     device: str | None = None
@@ -50,15 +54,15 @@ class SweepConfig:
             raise bad("revision", "a string (branch, tag or commit)")
         if isinstance(self.layers, int) and not isinstance(self.layers, bool):
             self.layers = [self.layers]
-        if not isinstance(self.layers, (list, tuple)) or not self.layers or not all(_is_int(x) for x in self.layers):
+        if not isinstance(self.layers, (list, tuple)) or not self.layers or not all(is_int(x) for x in self.layers):
             raise bad("layers", "a non-empty list of layer indices (e.g. [-1] or [6, 12])")
         self.layers = [int(x) for x in self.layers]
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise bad("seed", "an integer")
         if self.dtype not in (None, *DTYPES):
             raise bad("dtype", f"one of {', '.join(DTYPES)} (or null for the size-based default)")
         for name in ("batch_size", "threads"):
-            if getattr(self, name) is not None and (not _is_int(getattr(self, name)) or getattr(self, name) < 1):
+            if getattr(self, name) is not None and (not is_int(getattr(self, name)) or getattr(self, name) < 1):
                 raise bad(name, "a positive integer (or null for the default)")
         if self.device is not None and not isinstance(self.device, str):
             raise bad("device", "a device name such as cpu or cuda:0")
@@ -108,32 +112,6 @@ class SweepConfig:
 
 
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def parse_yaml(text: str, what: str):
-    """YAML text (safe loader); ConfigError naming ``what`` and where the text is malformed."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{what} is not valid YAML ({getattr(err, 'problem', None) or err}{where}); fix it "
-                          "and rerun.") from None
-
-
-def read_yaml(path: str | Path, what: str):
-    """A YAML file; ConfigError (one sentence) when it is missing, unreadable or malformed."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        problem = "does not exist" if isinstance(err, FileNotFoundError) else f"cannot be read ({err})"
-        raise ConfigError(f"{what} {path} {problem}; check the path.") from None
-    return parse_yaml(text, f"{what} {path}")
 
 
 def merge(base: dict, extra: dict) -> dict:

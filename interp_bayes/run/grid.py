@@ -111,7 +111,7 @@ class Grid:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Grid":
-        from .config import read_yaml
+        from ..core.store import read_yaml
 
         path = Path(path)
         if not path.is_file():
@@ -408,14 +408,14 @@ def run_grid(grid: Grid | dict | str | Path, *, executor: str = "local", address
     from .config import SweepConfig
     from ..report.grid import build_grid_page
     from ..core.store import write_json
-    from .sweep import _probes, run_folder
+    from .sweep import load_probes, run_folder
 
     if executor not in EXECUTORS:
         raise ConfigError(f"Unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}.")
     if not isinstance(grid, Grid):
         grid = Grid.from_yaml(grid) if isinstance(grid, (str, Path)) else Grid.from_dict(grid)
     cells = grid.cells()
-    _probes(SweepConfig.from_dict(cells[0].config))  # unknown or clashing probes are refused before any cell runs
+    load_probes(SweepConfig.from_dict(cells[0].config))  # unknown or clashing probes are refused before any cell runs
     folders = [run_folder(c.sweep_config()) for c in cells]  # resolves every model: bad names fail here
     gfolder = grid.folder()
     logs = [gfolder / "logs" / cell_log_name(f) for f in folders]

@@ -8,7 +8,9 @@ and shared between probes. After every finished probe the tidy table (``results.
 rebuilt, so an interrupted run has a report of what finished.
 
 A recipe is YAML (``probes/*.yaml`` or a path): ``kind`` picks the probe kind (``interp_bayes.kinds``), the other
-keys are its parameters, checked against the kind's parameter dataclass.
+keys are its parameters, checked against the kind's parameter dataclass. A recipe's ``layers:`` are the layers it
+collects (the sweep's ``layers`` serve the probes that name none); a kind whose params name the layers it analyses
+(icl's ``at:``, interventions' ``layer_sets:``) checks them against those in ``check_layers``, before the first write.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def builtin_probes() -> list[str]:
 def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = None) -> Probe:
     """A built-in recipe by name or a YAML file with ``kind:`` and parameters (unknown parameters are refused).
     ``overrides[probe name]``, if present, is merged over the recipe's parameters (``config.merge``)."""
-    from .config import merge, read_yaml
+    from ..core.store import read_yaml
+    from .config import merge
 
     path = Path(name_or_path)
     if not path.suffix:
@@ -289,7 +292,7 @@ class SweepInterrupted(KeyboardInterrupt):
                          f"({folder})")
 
 
-def _probes(config: SweepConfig) -> list[Probe]:
+def load_probes(config: SweepConfig) -> list[Probe]:
     """The named recipes, or every built-in recipe that is not opt-in (``default: false``)."""
     probes = [load_probe(name, config.overrides) for name in config.probes] if config.probes else \
         [p for p in (load_probe(name, config.overrides) for name in builtin_probes()) if p.default]
@@ -303,6 +306,14 @@ def _probes(config: SweepConfig) -> list[Probe]:
         raise ConfigError(f"Two probes are named {', '.join(dupes)}; give each recipe its own name (file name or "
                           "'name:' key).")
     return probes
+
+
+def check_layers(ctx: Context, probes: list[Probe]) -> None:
+    """Refuse the sweep's ``layers`` outside its model, and each recipe whose layers do not fit (its params'
+    ``check_layers``, e.g. an analysed layer it does not collect); ConfigError."""
+    ctx.layers(None)
+    for probe in probes:
+        probe.params.check_layers(ctx, probe.name)
 
 
 def stage_problem(folder: Path, key: str) -> str | None:
@@ -324,8 +335,8 @@ def plan_sweep(config: SweepConfig) -> list[PlanItem]:
     needs (``--dry-run``). Loads the tokenizer and config, never the weights, and writes nothing."""
     folder = run_folder(config)
     ctx = Context(folder, config, lambda *_: None, dry_run=True)
-    probes = _probes(config)
-    ctx.layers(None)  # a layer out of range is refused here as in a run
+    probes = load_probes(config)
+    check_layers(ctx, probes)  # refused here as in a run
     items = []
     for probe in probes:
         problem = stage_problem(folder / "probes" / probe.name, probe.key())
@@ -378,7 +389,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     """
     import torch
 
-    probes = _probes(config)
+    probes = load_probes(config)
     unknown = sorted(set(redo) - {p.name for p in probes})
     if unknown:
         raise ConfigError(f"--redo names {', '.join(unknown)}, which are not probes of this sweep; probes: "
@@ -387,7 +398,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     run = Run(folder, config)
     say = (lambda *_: None) if config.quiet else print
     ctx = Context(folder, config, say, model)
-    ctx.layers(None)  # a layer out of range is refused before anything is written
+    check_layers(ctx, probes)  # before anything is written
     created = _create(folder)
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
     finished = 0
