@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .base import Figure, Kind, Line, Params, Result
+from .base import Claim, Figure, Kind, Line, Params, Result
 
 BUILTIN = ("manifold", "keys", "focusing", "icl", "axis", "interventions", "windtunnel", "entropy_neurons",
            "martingale", "decoding")
@@ -32,7 +32,7 @@ _PLUGIN_PREFIX = "interp_bayes_plugin_"  # module names of .py files imported by
 _REGISTRY: dict[str, Kind] = {}
 _SOURCE: dict[str, "Source"] = {}  # name -> where its kind came from
 
-__all__ = ["BUILTIN", "GROUP", "Figure", "Kind", "Line", "Params", "Result", "catalog", "get_kind", "known_kinds",
+__all__ = ["BUILTIN", "GROUP", "Claim", "Figure", "Kind", "Line", "Params", "Result", "catalog", "get_kind", "known_kinds",
            "load_kind", "provenance", "register"]
 
 

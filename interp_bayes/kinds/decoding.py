@@ -123,4 +123,43 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("decoding", DecodingParams, run, summary, figures, doc=__doc__))
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "sula" else Path(p.task).name
+
+
+DECODABLE_R2 = 0.1  # a held-out R² that clears its null but stays under this is decodable only weakly
+AXIS_SHARE = (0.5, 0.25)  # the PC1 axis carries "most" (holds) or "a good part" (weakly) of the decodable R²
+
+
+def ledger(probes) -> list:
+    """Where uncertainty is decodable: the model's entropy from the best layer and reading beyond the confounds,
+    and the share of it the values' PC1 axis carries there."""
+    from ..report import ledger as L
+    from .base import Claim
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        every = select(p.rows, "decoding_r2", target="model entropy", adjust="deconfounded")
+        if not every:
+            continue
+        finite = [r for r in every if np.isfinite(r.value)]
+        best = max(finite, key=lambda r: r.value) if finite else every[0]
+        at = f"{best.scope.get('reading')} L{best.scope.get('layer')}"
+        out.append(Claim("decodable", f"Model entropy is decodable beyond the confounds (best held-out R², {at})",
+                         L.at_least(L.beyond_null(best), best.value, DECODABLE_R2), L.fmt(best), subject=where,
+                         rival=True,
+                         section=f"fig-decoding-{p.name}"))
+        share = next(iter(select(p.rows, "axis_share_of_decodable", target="model entropy", adjust="deconfounded",
+                                 layer=best.scope.get("layer"), reading="v")), None)
+        if share is not None and finite and np.isfinite(share.value):
+            out.append(Claim("axis-share", f"The values' PC1 axis carries most of the decodable entropy (L"
+                             f"{best.scope.get('layer')}, deconfounded)", L.magnitude(share.value, *AXIS_SHARE),
+                             f"{share.value:.0%} of the decodable R²", subject=where, rival=True,
+                             section=f"fig-decoding-{p.name}"))
+    return out
+
+
+KIND = register(Kind("decoding", DecodingParams, run, summary, figures, doc=__doc__, ledger=ledger,
+                     subject=subject))

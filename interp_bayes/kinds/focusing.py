@@ -88,4 +88,18 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("focusing", FocusingParams, run, summary, figures, plan, doc=__doc__))
+def ledger(probes) -> list:
+    from ..report import ledger as L
+    from .base import Claim
+
+    out = []
+    for p in probes:
+        red = find(p.rows, "focusing_reduction")
+        if red is not None:
+            out.append(Claim("attention-focuses", "Attention focuses with depth (entropy falls from the first to the "
+                             "last layer)", L.interval_side(red, "above", 0.0), L.fmt(red, pct=True),
+                             paper="attention focusing", section=f"fig-focusing-{p.name}"))
+    return out
+
+
+KIND = register(Kind("focusing", FocusingParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

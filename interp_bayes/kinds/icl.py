@@ -205,4 +205,31 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("icl", ICLParams, run, summary, figures, plan, doc=__doc__))
+def ledger(probes) -> list:
+    """Calibration to Bayes (the in-context entropy error against the shuffled-label control's, else against the
+    error at k = 0), and PC1 tracking the posterior's entropy beyond k."""
+    from ..report import ledger as L
+    from .base import Claim
+
+    out = []
+    for p in probes:
+        mae = find(p.rows, "entropy_mae", condition="main", target="latent", subset="k>=1")
+        if mae is not None:
+            ref = find(p.rows, "entropy_mae", condition="shuffled", target="latent", subset="k>=1")
+            what = "with shuffled labels"
+            if ref is None:
+                ref, what = find(p.rows, "entropy_mae", condition="main", target="latent", k=0), "at k = 0"
+            out.append(Claim("calibration", "In-context entropy is calibrated to Bayes (SULA, |H model - H Bayes| "
+                             "at k >= 1)", L.below_reference(mae.value, ref.value if ref else None),
+                             f"{mae.value:.3f} bits vs {ref.value:.3f} bits {what}" if ref else f"{mae.value:.3f} bits",
+                             paper="SULA MAE", section=f"fig-icl-{p.name}"))
+        raw = find(p.rows, "corr_pc1", condition="main", subset="all", target="bayes latent", deconfounded="raw")
+        if raw is not None:
+            text, claim = deconfounded_text(p.rows, "corr_pc1", condition="main", subset="all",
+                                            target="bayes latent")
+            out.append(Claim("pc1-posterior", "PC1 tracks the in-context posterior's entropy beyond k (SULA, all k)",
+                             L.from_deconfounded(claim), text, section=f"fig-icl-geometry-{p.name}"))
+    return out
+
+
+KIND = register(Kind("icl", ICLParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

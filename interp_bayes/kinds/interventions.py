@@ -283,4 +283,23 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("interventions", InterventionsParams, run, summary, figures, plan, doc=__doc__))
+def readout_claim(rows: list[Row], subject: str = "", section: str = ""):
+    """The claim that the axis is a readout, not a bottleneck: cutting it at the widest layer set harms the
+    in-context MAE no more than cutting matched random axes (None without such a row)."""
+    from ..report import ledger as L
+    from .base import Claim
+
+    cuts = select(rows, "effect", op="cut", measure="mae_k_ge_1", family="true")
+    if not cuts:
+        return None
+    row = max(cuts, key=lambda r: len(str(r.scope.get("layer_set", "")).split("+")))
+    return Claim("readout", f"The axis is a readout, not a bottleneck (cut at L{row.scope.get('layer_set')}: change "
+                 "in MAE k >= 1, bits)", L.not_beyond_null(row), L.fmt(row), subject=subject, section=section)
+
+
+def ledger(probes) -> list:
+    out = [readout_claim(p.rows, section=f"fig-interventions-{p.name}") for p in probes]
+    return [c for c in out if c is not None]
+
+
+KIND = register(Kind("interventions", InterventionsParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

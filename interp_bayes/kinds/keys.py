@@ -75,4 +75,21 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("keys", KeysParams, run, summary, figures, doc=__doc__))
+ORTHOGONAL_CEILING = 0.2  # mean |cos| the papers still call orthogonal (their widest range: 0.15-0.18)
+
+
+def ledger(probes) -> list:
+    from ..report import ledger as L
+    from .base import Claim
+
+    out = []
+    for p in probes:
+        heads = find(p.rows, "key_orthogonality_heads")
+        if heads is not None:
+            out.append(Claim("orthogonal-keys", "Keys are near-orthogonal (mean |cos| of key columns per head, "
+                             "10-90% of heads)", L.small_beside_null(heads, ORTHOGONAL_CEILING), L.fmt(heads),
+                             paper="key orthogonality", section=f"fig-keys-{p.name}"))
+    return out
+
+
+KIND = register(Kind("keys", KeysParams, run, summary, figures, doc=__doc__, ledger=ledger))

@@ -207,4 +207,44 @@ def figures(probes) -> list[Figure]:
     return [f for f in (_scatter(probes), _shares(probes), _examples(probes)) if f is not None]
 
 
-KIND = register(Kind("manifold", ManifoldParams, run, summary, figures, plan, doc=__doc__))
+DOMINANT = 1 / 3  # a "dominant" PC1 carries at least a third of the variance (the papers' smallest: 36.6%)
+
+
+def ledger(probes) -> list:
+    """One dominant axis and PC1 tracking entropy (on the mixed set, else the first), and the manifold's collapse
+    under domain restriction (each restricted set's PC1+PC2 share against the mixed set's)."""
+    from ..report import ledger as L
+    from .base import Claim
+
+    sets = {}
+    for p in probes:
+        if last_layer(p.rows) is not None:
+            sets.setdefault(label(p.params_object()), p)
+    if not sets:
+        return []
+    name, base = ("mixed", sets["mixed"]) if "mixed" in sets else next(iter(sets.items()))
+    at = dict(layer=last_layer(base.rows))
+    pc1 = find(base.rows, "pc1_share", **at)
+    known = name in DOMAIN_LABELS.values()
+    out = [Claim("dominant-axis", f"One dominant value axis (PC1 share, {name} prompts, L{at['layer']})",
+                 L.at_least(L.beyond_null(pc1), pc1.value if pc1 else None, DOMINANT), L.fmt(pc1, pct=True),
+                 paper=f"{name} PC1" if known else "", section="fig-shares")]
+    raw = find(base.rows, "corr_pc1", target="entropy", deconfounded="raw", **at)
+    text, claim = deconfounded_text(base.rows, "corr_pc1", target="entropy", **at)
+    out.append(Claim("pc1-entropy", f"PC1 tracks next-token entropy beyond prompt length ({name} prompts)",
+                     L.from_deconfounded(claim or L.deconfounded_claim(raw)), text or L.fmt(raw),
+                     paper="Spearman(PC1, H) mixed / math", section="fig-manifold"))
+    mixed12 = find(base.rows, "pc12_share", **at) if name == "mixed" else None
+    for other, p in sets.items():
+        if mixed12 is None or other == "mixed":
+            continue
+        mine = find(p.rows, "pc12_share", layer=last_layer(p.rows))
+        out.append(Claim(f"domain-collapse-{other}", f"Restricting prompts to {other} collapses the manifold "
+                         "(PC1+PC2 share rises)", L.exceeds(mine, mixed12),
+                         f"{other} {L.fmt(mine, pct=True).split(' vs ')[0]} vs mixed "
+                         f"{L.fmt(mixed12, pct=True).split(' vs ')[0]}",
+                         paper=f"{other} PC1+PC2" if other in DOMAIN_LABELS.values() else "", section="fig-shares"))
+    return out
+
+
+KIND = register(Kind("manifold", ManifoldParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

@@ -90,4 +90,34 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, doc=__doc__))
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "sula" else Path(p.task).name
+
+
+def ledger(probes) -> list:
+    """Rivals of a Bayesian reading: predictions that depend on the order of the examples, or that are not a
+    martingale (the claim holds when no k clears its null)."""
+    from ..report import ledger as L
+    from .base import Claim
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        for metric, key, text in (("order_sensitivity_js_bits", "order", "Predictions do not depend on the order "
+                                   "of the examples (JS across orders vs the exact predictor)"),
+                                  ("martingale_gap_debiased_bits", "martingale", "Predictions form a martingale "
+                                   "(debiased gap vs the martingale null)")):
+            rs = sorted(select(p.rows, metric), key=lambda r: r.scope["k"])
+            if not rs:
+                continue
+            hit, total = L.count_beyond(rs)
+            worst = max(rs, key=lambda r: r.value - r.null_high)
+            out.append(Claim(key, text, L.none_beyond(rs), f"above its null at {hit} of {total} k; largest at "
+                             f"k={worst.scope['k']}: {L.fmt(worst)}", subject=where, rival=True,
+                             section=f"fig-martingale-{p.name}"))
+    return out
+
+
+KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, doc=__doc__, ledger=ledger,
+                     subject=subject))

@@ -208,4 +208,36 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, doc=__doc__))
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "sula" else Path(p.task).name
+
+
+def ledger(probes) -> list:
+    """Rivals: the final-norm scale (entropy neurons' route) tracks entropy beyond the confounds; the value axis
+    lies in the unembedding's null space more than random value directions do."""
+    from ..report import ledger as L
+    from .base import Claim
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        for target in ("entropy", "bayes_entropy"):
+            raw = find(p.rows, "corr_final_scale", target=target, deconfounded="raw")
+            if raw is None:
+                continue
+            text, claim = deconfounded_text(p.rows, "corr_final_scale", target=target)
+            out.append(Claim("final-norm", f"The final-norm scale tracks {target.replace('_', ' ')} beyond the "
+                             "confounds (entropy neurons)", L.from_deconfounded(claim or L.deconfounded_claim(raw)),
+                             text, subject=where, rival=True, section=f"fig-entropy-neurons-{p.name}"))
+            break
+        rho = next(iter(select(p.rows, "axis_null_rho")), None)
+        if rho is not None:
+            out.append(Claim("axis-null-space", "The value axis lies in the unembedding's null space (beyond random "
+                             "value directions)", L.beyond_null(rho), L.fmt(rho), subject=where, rival=True,
+                             section=f"fig-entropy-neurons-{p.name}"))
+    return out
+
+
+KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, doc=__doc__, ledger=ledger,
+                     subject=subject))

@@ -249,4 +249,46 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("windtunnel", WindtunnelParams, run, summary, figures, plan, doc=__doc__))
+CALIBRATED_BITS = (0.01, 0.1)  # entropy MAE vs Bayes: "holds" at most 0.01 bits (Paper I: ~1e-3), weakly 0.1
+
+
+def subject(p: WindtunnelParams) -> str:
+    return Path(p.checkpoint).name
+
+
+def ledger(probes) -> list:
+    """Per wind tunnel: calibration to the exact posterior, one dominant value axis, PC1 tracking the Bayes
+    entropy beyond the query position, and the axis as a readout (the interventions kind's claim)."""
+    from ..report import ledger as L
+    from .base import Claim
+    from .interventions import readout_claim
+    from .manifold import DOMINANT
+
+    out = []
+    for p in probes:
+        tunnel = subject(p.params_object())
+        mae = find(p.rows, "entropy_mae", condition="windtunnel", subset="all")
+        layers = [r.scope["layer"] for r in select(p.rows, "pc1_share")]
+        if mae is None or not layers:
+            continue
+        at = dict(layer=max(layers))
+        out.append(Claim("wt-calibration", "The wind tunnel is calibrated to the exact posterior (entropy MAE vs "
+                         "Bayes)", L.magnitude(mae.value, *CALIBRATED_BITS, larger=False), f"{mae.value:.4f} bits",
+                         subject=tunnel, paper="Paper I: ~0.001 bits", section=f"fig-windtunnel-calibration-{p.name}"))
+        pc1 = find(p.rows, "pc1_share", **at)
+        out.append(Claim("dominant-axis", f"One dominant value axis (PC1 share, L{at['layer']})",
+                         L.at_least(L.beyond_null(pc1), pc1.value, DOMINANT), L.fmt(pc1, pct=True), subject=tunnel,
+                         section=f"fig-windtunnel-geometry-{p.name}"))
+        text, claim = deconfounded_text(p.rows, "corr_pc1", target="bayes entropy", **at)
+        if text:
+            out.append(Claim("wt-pc1-bayes", "PC1 tracks the exact posterior's entropy beyond the query position",
+                             L.from_deconfounded(claim), text, subject=tunnel,
+                             section=f"fig-windtunnel-geometry-{p.name}"))
+        readout = readout_claim(p.rows, tunnel, f"fig-interventions-{p.name}")
+        if readout is not None:
+            out.append(readout)
+    return out
+
+
+KIND = register(Kind("windtunnel", WindtunnelParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=subject))
