@@ -57,7 +57,8 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from .config import SweepConfig, parse_set
-    from .report.tables import markdown_summary
+    from .report.ledger import collect, ledger_lines
+    from .report.view import RunView
     from .sweep import plan_sweep, run_sweep
 
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
@@ -69,7 +70,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _print_plan(plan_sweep(config))
     run = run_sweep(config, redo=args.redo)
-    print(markdown_summary(run.summary(), config.model))
+    view = RunView.load(run.folder)
+    print("\n".join(ledger_lines(collect(view), view.name)))  # the answer; every number is in the report
+    print(f"every number: {run.folder / 'results.csv'} (or `interp-bayes results {run.folder}`)")
     print(f"run folder: {run.folder}")
     print(f"report: {run.folder / 'report.html'}")
     return 0

@@ -437,8 +437,10 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 torch.set_num_threads(config.threads)
             views_current = (folder / "report.html").exists()
             try:
-                for probe in probes:
+                eta = ETA(probes, folder)
+                for i, probe in enumerate(probes, start=1):
                     pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
+                    eta.start(i, probe, say)
                     # under the stage's lock, so that a second process on this cell waits and then finds it cached
                     with stage_lock(folder, f"probe-{probe.name}",
                                     lambda: say(f"[waiting] {probe.name}: another process is computing it")):
@@ -449,6 +451,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                             views_current = False
                             _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
                     finished += 1
+                    eta.done(probe, cached=problem is None)
                     if problem is None:
                         say(f"[cached] {probe.name}")
                     else:
@@ -468,6 +471,49 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
             raise SweepInterrupted(finished, len(probes), folder) from None
         raise
     return run
+
+
+class ETA:
+    """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
+    take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
+    same model under ``--out``); one never computed here counts as the mean of those known."""
+
+    def __init__(self, probes: list, folder: Path) -> None:
+        self.left = {p.name: 0.0 if stage_problem(folder / "probes" / p.name, p.key()) is None  # cached
+                     else self._seconds(folder, p.name) for p in probes}
+        self.t0, self.n = time.perf_counter(), len(probes)
+
+    @staticmethod
+    def _seconds(folder: Path, name: str) -> float | None:
+        for candidate in [folder, *sorted(p for p in folder.parent.glob("*") if p != folder)]:
+            try:
+                seconds = read_json(candidate / "probes" / name / "stage.json").get("seconds")
+            except (FileNotFoundError, NotADirectoryError, CacheError, ValueError):
+                continue
+            if seconds:
+                return float(seconds)
+        return None
+
+    def remaining(self) -> float | None:
+        known = [s for s in self.left.values() if s is not None]
+        if not known:
+            return None
+        mean = sum(known) / len(known)
+        return sum(s if s is not None else mean for s in self.left.values())
+
+    def start(self, i: int, probe, say) -> None:
+        left = self.remaining()
+        eta = f"ETA {_duration(left)} for this and the rest" if left is not None else "ETA unknown (first run here)"
+        say(f"probe {i}/{self.n}: {probe.name} ({eta}; {_duration(time.perf_counter() - self.t0)} so far)")
+
+    def done(self, probe, cached: bool) -> None:
+        self.left.pop(probe.name, None)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _record_text(folder: Path) -> str:
