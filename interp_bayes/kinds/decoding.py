@@ -123,6 +123,25 @@ def figures(probes) -> list[Figure]:
     return out
 
 
+def plan(ctx, p: DecodingParams) -> list:
+    """The SULA main set and its readings at the probe's layers (or a wind tunnel's prefixes), then the ridge
+    decoders (arithmetic only)."""
+    from ..sweep import PlanItem
+    from .common import plan_sula, sula_request
+
+    if p.task != "sula":
+        from .windtunnel import _task_of, checkpoint_folder, windtunnel_prompts
+
+        prompts, _ = windtunnel_prompts(_task_of(checkpoint_folder(p.task)), p.n_sequences, p.seed)
+        return [PlanItem("decoding", f"wind tunnel {p.task}: {len(prompts)} prefixes, readings "
+                         f"{', '.join(p.readings)} at every layer (a small model: seconds)", None, len(prompts),
+                         model=Path(p.task).name)]
+    req = sula_request(ctx, "main", p.per_k, p.seed, p.layers)
+    return plan_sula(ctx, "decoding", ["main"], p.per_k, p.seed, p.layers) + [
+        ctx.plan_acts("decoding", "sula-main-readings", req["prompts"], layers=ctx.layers(p.layers),
+                      readings=p.readings, label_tokens=req["label_tokens"], dims=ctx.site_dims())]
+
+
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
     return "" if p.task == "sula" else Path(p.task).name
@@ -161,5 +180,5 @@ def ledger(probes) -> list:
     return out
 
 
-KIND = register(Kind("decoding", DecodingParams, run, summary, figures, doc=__doc__, ledger=ledger,
+KIND = register(Kind("decoding", DecodingParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
                      subject=subject))

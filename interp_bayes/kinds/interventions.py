@@ -163,7 +163,7 @@ def plan(ctx, p: InterventionsParams) -> list:
     n_runs = 1 + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values()))
     n_eval = 5 * p.per_k - 5 * p.per_k // 2
     items.append(PlanItem("interventions", f"{n_runs} edited and unedited runs of ~{n_eval} prompts", False,
-                          n_runs * n_eval))
+                          n_runs * n_eval, sample=items[0].sample))  # the runs' prompts are SULA prompts
     return items
 
 

@@ -90,6 +90,17 @@ def figures(probes) -> list[Figure]:
     return out
 
 
+def plan(ctx, p: MartingaleParams) -> list:
+    """Forwards of the test: each context in ``n_perms`` orders, then ``n_draws`` draws of a next example, each
+    predicted with and without it (``martingale.martingale_test``), plus the contexts themselves."""
+    from ..sweep import PlanItem
+
+    n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
+    on = "" if p.task == "sula" else Path(p.task).name
+    return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({p.task}): {p.n_perms} orders and {p.n_draws} "
+                     "draws each", False, n, model=on)]
+
+
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
     return "" if p.task == "sula" else Path(p.task).name
@@ -119,5 +130,5 @@ def ledger(probes) -> list:
     return out
 
 
-KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, doc=__doc__, ledger=ledger,
+KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
                      subject=subject))

@@ -208,6 +208,38 @@ def figures(probes) -> list[Figure]:
     return out
 
 
+def plan(ctx, p: EntropyNeuronsParams) -> list:
+    """The pool and SULA sets it reads (shared with other probes), then the ablations: each of the ``top_n``
+    candidates and ``n_random`` random neurons ablated on every prompt, total and with the final norm frozen
+    (direct), plus the clean forward; with ``compare``, both mechanisms against their controls on the SULA set."""
+    from ..sweep import PlanItem
+    from .common import plan_sula
+
+    if p.task != "sula":
+        from .windtunnel import _task_of, checkpoint_folder, windtunnel_prompts
+
+        prompts, _ = windtunnel_prompts(_task_of(checkpoint_folder(p.task)), p.n_sequences, p.seed)
+        n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
+                                                               if p.compare else 0)
+        return [PlanItem("entropy_neurons", f"wind tunnel {p.task}: ablations on {len(prompts)} prefixes (a small "
+                         "model: seconds)", None, n, model=Path(p.task).name)]
+    from ..prompts import load_source, source_label
+
+    spec = p.prompts if p.prompts is not None else ctx.config.prompts
+    texts = list(load_source(spec)["text"])
+    n_ablate = min(p.n_prompts, len(texts))
+    items = [ctx.plan_acts("entropy_neurons", f"pool-{source_label(spec)}", texts, layers=ctx.layers(None),
+                           dims=ctx.site_dims())]
+    items += plan_sula(ctx, "entropy_neurons", ["main"], p.per_k, p.seed, SULA_LAYERS)
+    n = n_ablate * (1 + 2 * (p.top_n + p.n_random))
+    items.append(PlanItem("entropy_neurons", f"ablations: {p.top_n} candidates and {p.n_random} random neurons on "
+                          f"{n_ablate} prompts, total and direct", False, n))
+    if p.compare:
+        items.append(PlanItem("entropy_neurons", f"both mechanisms ablated with {p.n_controls} controls on the SULA "
+                              "set", False, 5 * p.per_k * 2 * (1 + p.n_controls)))
+    return items
+
+
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
     return "" if p.task == "sula" else Path(p.task).name
@@ -239,5 +271,5 @@ def ledger(probes) -> list:
     return out
 
 
-KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, doc=__doc__, ledger=ledger,
+KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
                      subject=subject))

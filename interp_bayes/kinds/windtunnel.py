@@ -165,7 +165,7 @@ def plan(ctx, p: WindtunnelParams) -> list:
     task = _task_of(checkpoint_folder(p.checkpoint))
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
     return [PlanItem("windtunnel", f"wind tunnel {p.checkpoint}: {len(prompts)} prompts and the intervention "
-                     "protocol (a small model: seconds)", None, len(prompts))]
+                     "protocol (a small model: seconds)", None, len(prompts), model=Path(p.checkpoint).name)]
 
 
 def summary(rows: list[Row], p: WindtunnelParams) -> list[Line]:
