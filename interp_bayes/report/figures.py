@@ -41,8 +41,11 @@ def compare_figures(runs) -> list:
 
     from ..kinds import Figure
 
+    from .view import subject_of
+
     out = []
-    rows = {r.name: r.rows() for r in runs}
+    # the model's own rows: a wind tunnel's (its keys, its attention) would be drawn into the model's curve
+    rows = {r.name: [row for p in r.probes() if not subject_of(p) for row in p.rows] for r in runs}
     have = {name: sorted(select(rs, "attention_entropy"), key=lambda r: r.scope["layer"]) for name, rs in rows.items()}
     have = {k: v for k, v in have.items() if v}
     if have:

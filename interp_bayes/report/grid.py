@@ -208,7 +208,8 @@ def scaling_figures(cells: list[CellView]) -> list:
 
 
 def grid_body(cells: list[CellView], page_path: Path, title: str) -> str:
-    from .html import _e, figure_sections, table
+    from . import ledger as L
+    from .html import _e, figure_sections, table, verdict_legend
 
     cols = columns(cells)
     header = ["model", "revision", "seed", "parameters", "probes"] + [label for _, label in cols]
@@ -231,6 +232,9 @@ def grid_body(cells: list[CellView], page_path: Path, title: str) -> str:
             "k ≥ 1, main condition. Cut: the change in that MAE when the axis is cut, with its bootstrap interval "
             "against the matched control axes' range. — : the cell has no such row.</p>"
             + table(header, body, ["ours"] + [""] * 4 + ["num"] * len(cols), table_class="summary")
+            + "<h2>Claims × cells</h2>" + verdict_legend()
+            + L.matrix([(f"{c.model}{'@' + c.revision if c.revision else ''} s{c.seed}", L.collect(c.run))
+                        for c in cells])
             + f"<h2>Cells</h2><ul class=\"sub\">{links}</ul>" + figure_sections(scaling_figures(cells)))
 
 

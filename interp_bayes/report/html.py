@@ -254,10 +254,11 @@ def _attention(run: RunView) -> str:
 
 
 def _compare_row(run: RunView) -> list[str]:
-    lines = run.summary()
+    lines = [line for subject, line in run.summary_by_subject() if not subject]  # the model's, not a tunnel's
     by_paper = {line.paper: line.value for line in lines if line.paper}
     sula = find(run.rows(), "entropy_mae", condition="main", target="latent", subset="k>=1")
-    axis = "; ".join(f"{line.label.removeprefix('entropy axis ').split(':')[0]}: {line.value}" for line in lines
+    # each axis line whole (method, layer, what is correlated with what), duplicates merged
+    axis = "; ".join(f"{line.label.removeprefix('entropy axis ')}: {line.value}" for line in merge_duplicates(lines)
                      if line.label.startswith("entropy axis")) or "—"
     return [run.name, _attention(run), by_paper.get("mixed PC1+PC2", "—"), by_paper.get("math PC1+PC2", "—"),
             by_paper.get("key orthogonality", "—"), by_paper.get("attention focusing", "—"),
@@ -269,6 +270,16 @@ COMPARE_HEADER = ["model", "attention", "PC1+PC2 mixed", "PC1+PC2 math", "key or
 PAPER_KEYS = [None, None, "mixed PC1+PC2", "math PC1+PC2", "key orthogonality", "attention focusing", "SULA MAE", None]
 
 
+def partial_note(run: RunView) -> str:
+    """' — partial run: N of M probes finished (missing: ...)' for a run whose sweep has not finished, else ''."""
+    done = {p.name for p in run.probes()}
+    missing = [n for n in run.order if n not in done]
+    if not missing:
+        return ""
+    return (f" <b>— partial run: {len(run.order) - len(missing)} of {len(run.order)} probes finished</b> "
+            f"(missing: {_e(', '.join(missing))}; its verdicts there read “not testable here”)")
+
+
 def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     """Write a cross-model page (Paper III Table 2 layout) for ``run_folders`` to ``out_path``."""
     from .figures import compare_figures
@@ -278,8 +289,9 @@ def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     rows += [[f"{name} (paper)", PAPER_ATTENTION[name]] + [paper.get(k, "—") for k in PAPER_KEYS[2:]]
              for name, paper in PAPER_ROWS.items()]
     sources = "".join(f"<li><b>{_e(r.name)}</b>: <code>{_e(r.folder)}</code> (seed {_e(r.config.get('seed'))}, "
-                      f"commit {_e((r.env.get('git_commit') or 'unknown')[:12])})</li>" for r in runs)
+                      f"commit {_e((r.env.get('git_commit') or 'unknown')[:12])}){partial_note(r)}</li>" for r in runs)
     body = (f"<h1>interp_bayes: {len(runs)} models compared</h1><ul class=\"sub\">{sources}</ul>"
+            "<h2>Claims × models</h2>" + verdict_legend() + L.matrix([(r.name, L.collect(r)) for r in runs]) +
             "<h2>Table 2 layout</h2><p class=\"note\">Shares at the last layer with 95% intervals and null "
             "means; key orthogonality over 10-90% of heads with the Gaussian null; grey rows: Paper III as "
             "printed.</p>"
