@@ -87,6 +87,9 @@ def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     return out
 
 
+READING_COLOURS = {"resid": "#1f4e79", "v": "#27ae60", "z": "#8e44ad", "attn_entropy": "#d68910"}
+
+
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -106,7 +109,8 @@ def figures(probes) -> list[Figure]:
                                 key=lambda r: r.scope["layer"])
                     fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs],
                                              mode="lines+markers", name=f"ridge R², {reading}", legendgroup=reading,
-                                             showlegend=i == j == 1), row=i, col=j)
+                                             line=dict(color=READING_COLOURS.get(reading, "#333")),
+                                             showlegend=i == j == 1), row=i, col=j)  # one colour per reading
                 axis = sorted(select(p.rows, "axis_r", target=target, adjust=adjust, reading="v"),
                               key=lambda r: r.scope["layer"])
                 fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in axis], y=[r.value ** 2 for r in axis],

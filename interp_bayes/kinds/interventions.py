@@ -259,21 +259,35 @@ def per_k_figure(p, title_prefix: str = "") -> Figure | None:
     ks = sorted(int(key[len("mae_k"):]) for key in base if key.startswith("mae_k") and key[5:].isdigit())
     if not runs or not ks:
         return None
+    from plotly.colors import qualitative
+
     fig = go.Figure()
     edits = list(dict.fromkeys((r["layer_set"], r["op"]) for r in runs))
-    for layer_set, op in edits:
-        for fam in dict.fromkeys(r["kind"] for r in runs):
+    sets = list(dict.fromkeys(layer_set for layer_set, _ in edits))
+    families = list(dict.fromkeys(r["kind"] for r in runs))
+    control = "matched" if "matched" in families else next((f for f in families if f != "true"), None)
+    for i, (layer_set, op) in enumerate(edits):
+        # one colour per edit (its legend entry), the layer set as the marker; its matched controls' mean as a
+        # thin dotted line of the same colour in the same legend group (one entry per edit, not per family)
+        colour = qualitative.Plotly[i % len(qualitative.Plotly)]
+        for fam in ("true", control) if control else ("true",):
             sel = [r for r in runs if r["kind"] == fam and r["layer_set"] == layer_set and r["op"] == op]
+            if not sel:
+                continue
             y = [float(np.mean([r[f"mae_k{k}"] for r in sel])) - base[f"mae_k{k}"] for k in ks]
-            fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers", name=f"L{layer_set} {op}: {fam}",
-                                     legendgroup=f"{layer_set}{op}", visible=True if fam == "true" else "legendonly",
-                                     line=dict(color=FAMILY_COLOURS.get(fam), dash="solid" if fam == "true" else "dot")))
+            true = fam == "true"
+            fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers" if true else "lines",
+                                     name=f"L{layer_set} {op}" if true else f"L{layer_set} {op}: {fam} controls' mean",
+                                     legendgroup=f"{layer_set}{op}", showlegend=true,
+                                     marker=dict(symbol=["circle", "square", "diamond", "x"][sets.index(layer_set) % 4]),
+                                     line=dict(color=colour, dash="solid" if true else "dot", width=2 if true else 1)))
     fig.add_hline(y=0, line=dict(color="#888", width=1))
     fig.update_xaxes(title_text="k (in-context examples)")
     fig.update_yaxes(title_text="Δ entropy MAE vs Bayes (bits)")
     return Figure(f"interventions-per-k-{p.name}", f"{title_prefix}Intervention effects per k", layout(
-        fig, f"{title_prefix}Change in calibration per k (true axis; click a legend entry for its controls' mean)"),
-        "Where an edit hurts: a true-axis curve above its controls' at some k means the axis matters there.")
+        fig, f"{title_prefix}Change in calibration per k (solid: true axis; dotted: its matched controls' mean)"),
+        "Where an edit hurts: a solid curve above its dotted controls' curve at some k means the axis matters there. "
+        "Click a legend entry to hide an edit.")
 
 
 def figures(probes) -> list[Figure]:

@@ -150,7 +150,10 @@ def _shares(probes) -> Figure | None:
     sets = [(p.data.get("label", p.name), p.rows) for p in probes if last_layer(p.rows) is not None]
     if not sets:
         return None
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["PC1 share (last layer)", "PC1 share per layer"])
+    # the per-layer panel only where some set has two layers or more (one layer: a single point, said by the bars)
+    per_layer = any(len({r.scope["layer"] for r in select(rows, "pc1_share")}) > 1 for _, rows in sets)
+    fig = make_subplots(rows=1, cols=2 if per_layer else 1,
+                        subplot_titles=["PC1 share (last layer)"] + (["PC1 share per layer"] if per_layer else []))
     for series, colour in (("observed", COLOURS["observed"]), ("permuted", COLOURS["permuted"]),
                            ("gaussian", COLOURS["gaussian"])):
         xs, ys, lo, hi = [], [], [], []
@@ -163,7 +166,7 @@ def _shares(probes) -> Figure | None:
         fig.add_trace(go.Bar(x=xs, y=ys, name=label, marker_color=colour,
                              error_y=dict(type="data", array=np.subtract(hi, ys), arrayminus=np.subtract(ys, lo))),
                       row=1, col=1)
-    for name, rows in sets:
+    for name, rows in sets if per_layer else []:
         obs = sorted(select(rows, "pc1_share"), key=lambda r: r.scope["layer"])
         fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in obs], y=[r.value for r in obs], mode="lines+markers",
                                  name=f"{name} per layer",
@@ -173,10 +176,12 @@ def _shares(probes) -> Figure | None:
                                  line=dict(dash="dot", color=COLOURS["permuted"]), name=f"{name} permuted null, 97.5%"),
                       row=1, col=2)
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
-    fig.update_xaxes(title_text="layer", row=1, col=2)
+    if per_layer:
+        fig.update_xaxes(title_text="layer", row=1, col=2)
     return Figure("shares", "PC shares vs nulls", layout(fig, "Variance on PC1 against empirical nulls", barmode="group"),
                   "Dark bars far above both grey null bars mean real low-dimensional structure; bars at null height "
-                  "mean none. Right: the same share at every collected layer, with the permuted null's upper bound.")
+                  "mean none." + (" Right: the same share at every collected layer, with the permuted null's upper "
+                                  "bound." if per_layer else " (One layer collected: no per-layer panel.)"))
 
 
 def _examples(probes) -> Figure | None:

@@ -198,13 +198,14 @@ def figures(probes) -> list[Figure]:
                                     hovertemplate="neuron %{text}<extra></extra>")])
         fig.update_xaxes(title_text="|w_out|" if d.get("write", "W_out") == "W_out" else
                          "|write| per unit of activation (measured through the post-MLP norm)")
-        fig.update_yaxes(title_text="rho: |V0ᵀw| / |w|, the fraction of the write's norm in the null space")
+        # short enough for the plot's height (the long form was clipped); the definition is in the caption
+        fig.update_yaxes(title_text="rho = |V0ᵀw| / |w|")
         out.append(Figure(f"entropy-neurons-{p.name}", "Entropy neurons", layout(
             fig, f"Last-layer neurons: output norm against null-space fraction (null space of {d['null_dim']} "
                  "dimensions)"),
             "Entropy neurons sit top right: a large write mostly in the null space, so they change entropy "
-            "through the final norm rather than the logits' ranking. Candidates are ranked by rho alone, as the "
-            "authors rank them."))
+            "through the final norm rather than the logits' ranking. rho is the fraction of a write's norm in the "
+            "unembedding's null space. Candidates are ranked by rho alone, as the authors rank them."))
     return out
 
 
