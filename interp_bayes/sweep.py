@@ -555,12 +555,14 @@ CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
 class ETA:
     """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
-    same model under ``--out``); one never computed here counts as the mean of those known."""
+    same model under ``--out``); one never computed here counts as the mean of those known and of the probes this
+    run has computed so far."""
 
     def __init__(self, probes: list, folder: Path) -> None:
         self.left = {p.name: 0.0 if stage_problem(folder / "probes" / p.name, p.key()) is None  # cached
                      else self._seconds(folder, p.name) for p in probes}
         self.t0, self.n = time.perf_counter(), len(probes)
+        self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
 
     @staticmethod
     def _seconds(folder: Path, name: str) -> float | None:
@@ -575,9 +577,9 @@ class ETA:
         return None
 
     def remaining(self) -> float | None:
-        known = [s for s in self.left.values() if s is not None]
+        known = [s for s in self.left.values() if s is not None and s > 0] + self.measured
         if not known:
-            return None
+            return 0.0 if all(s == 0 for s in self.left.values()) else None
         mean = sum(known) / len(known)
         return sum(s if s is not None else mean for s in self.left.values())
 
@@ -585,9 +587,12 @@ class ETA:
         left = self.remaining()
         eta = f"ETA {_duration(left)} for this and the rest" if left is not None else "ETA unknown (first run here)"
         say(f"probe {i}/{self.n}: {probe.name} ({eta}; {_duration(time.perf_counter() - self.t0)} so far)")
+        self.t_probe = time.perf_counter()
 
     def done(self, probe, cached: bool) -> None:
         self.left.pop(probe.name, None)
+        if not cached:
+            self.measured.append(time.perf_counter() - self.t_probe)
 
 
 def _duration(seconds: float) -> str:
