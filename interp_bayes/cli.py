@@ -96,7 +96,9 @@ def _print_plan(items, config) -> int:
         print(f"{i.probe:20s} {i.what} [{state}{extra}]")
         if i.probe in est.seconds and i.what.startswith("probe of kind"):
             print(f"{'':20s} about {est.seconds[i.probe]:.0f} s ({est.source[i.probe]})")
-    print(f"total still to run: {forwards} prompt forwards, about {disk / 2**20:.1f} MiB of activations")
+    tunnels = sum(i.forwards for i in items if i.model)
+    print(f"total still to run: {forwards} prompt forwards ({forwards - tunnels} of the sweep's model, {tunnels} of "
+          f"wind tunnels), about {disk / 2**20:.1f} MiB of activations")
     how = "; ".join(filter(None, [f"{sum(v == 'recorded' for v in est.source.values())} probe(s) as long as an "
                                   "earlier run under --out took" if "recorded" in est.source.values() else "",
                                   f"the rest at {est.calibration}" if est.per_forward else ""]))
