@@ -46,3 +46,18 @@ def test_first_screen_loads_under_two_seconds(runs, tmp_path):  # noqa: F811
             assert min(t["load_ms"] for t in got) < LIMIT_MS, got
             assert copy.stat().st_size <= 3_000_000
     (folder / "load-times.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_table_of_every_number_filters_in_the_browser(runs):  # noqa: F811
+    from tests.browser import Browser
+
+    script = """(function () {
+      var box = document.getElementById("rows-filter"), count = document.getElementById("rows-count"), out = [];
+      ["", "pc1", "zzzz-no-such-row"].forEach(function (w) {
+        box.value = w; box.dispatchEvent(new Event("input")); out.push(count.textContent); });
+      return out.join("|"); })()"""
+    with Browser() as b:
+        b.open(runs["report"])
+        every, pc1, none = b.evaluate(script).split("|")
+    n = int(every.split()[0])
+    assert 0 < int(pc1.split()[0]) < n and none == "0 rows shown"
