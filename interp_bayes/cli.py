@@ -56,8 +56,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from .report.ledger import collect, ledger_lines
+    from .report.view import RunView
     from .run.config import SweepConfig, parse_set
-    from .report.tables import markdown_summary
     from .run.sweep import plan_sweep, run_sweep
 
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
@@ -67,22 +68,41 @@ def _sweep(args: argparse.Namespace) -> int:
                            quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
                            allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:
-        return _print_plan(plan_sweep(config))
+        return _print_plan(plan_sweep(config), config)
     run = run_sweep(config, redo=args.redo)
-    print(markdown_summary(run.summary(), config.model))
+    view = RunView.load(run.folder)
+    print("\n".join(ledger_lines(collect(view), view.name)))  # the answer; every number is in the report
+    print(f"every number: {run.folder / 'results.csv'} (or `interp-bayes results {run.folder}`)")
     print(f"run folder: {run.folder}")
     print(f"report: {run.folder / 'report.html'}")
     return 0
 
 
-def _print_plan(items) -> int:
+def _print_plan(items, config) -> int:
+    """The plan, each probe with its cost, and the time it should take (recorded by earlier runs under --out, else
+    from a calibration forward of the sweep's model on this machine)."""
+    from .run.sweep import calibrate, estimate
+
     forwards = sum(i.forwards for i in items)
     disk = sum(i.disk_bytes for i in items)
+    est = estimate(config, items)
+    missing = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached
+               and i.probe not in est.seconds]
+    if missing:  # no earlier run to read their time from: measure the model's throughput here
+        est = estimate(config, items, *calibrate(config, items))
     for i in items:
         state = "cached" if i.cached else "unknown until earlier stages run" if i.cached is None else "to compute"
-        extra = f", {i.forwards} prompt forwards" if i.forwards else ""
+        extra = f", {i.forwards} prompt forwards" + (f" on {i.model}" if i.model else "") if i.forwards else ""
         print(f"{i.probe:20s} {i.what} [{state}{extra}]")
-    print(f"total still to run: {forwards} prompt forwards, about {disk / 2**20:.1f} MiB of activations")
+        if i.probe in est.seconds and i.what.startswith("probe of kind"):
+            print(f"{'':20s} about {est.seconds[i.probe]:.0f} s ({est.source[i.probe]})")
+    tunnels = sum(i.forwards for i in items if i.model)
+    print(f"total still to run: {forwards} prompt forwards ({forwards - tunnels} of the sweep's model, {tunnels} of "
+          f"wind tunnels), about {disk / 2**20:.1f} MiB of activations")
+    how = "; ".join(filter(None, [f"{sum(v == 'recorded' for v in est.source.values())} probe(s) as long as an "
+                                  "earlier run under --out took" if "recorded" in est.source.values() else "",
+                                  f"the rest at {est.calibration}" if est.per_forward else ""]))
+    print(f"estimated time: about {est.total / 60:.1f} min" + (f" ({how})" if how else ""))
     return 0
 
 

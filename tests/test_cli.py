@@ -68,7 +68,10 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
     assert env["seed"] == 0 and env["packages"]["transformers"]
     assert yaml.safe_load((folder / "config.yaml").read_text())["prompts"] == "basic"
     printed = capsys.readouterr().out
-    assert "SULA entropy MAE vs Bayes latent entropy" in printed and f"run folder: {folder}" in printed
+    # the terminal ends with the claims ledger (one line a claim), not the table of every number
+    assert printed.startswith("claims ledger: ") and f"run folder: {folder}" in printed
+    assert "In-context entropy is calibrated to Bayes" in printed and "SULA entropy MAE vs Bayes" not in printed
+    assert len(printed.splitlines()) <= 20
     assert run.folder == folder and run.computed == []  # everything reused, nothing recomputed
     assert "SULA entropy MAE vs Bayes" in run._repr_html_() and len(run.figure().data) > 0
     table = run.table()

@@ -1,8 +1,10 @@
-"""The HTML report and the compare page, built from tiny-model run folders: self-contained (one inline plotly.js,
-nothing external), data escaped, figures skipped cleanly when their probe did not run, and, when Chromium is
+"""The HTML report and the compare page, built from tiny-model run folders: self-contained (plotly.js inlined once,
+packed, nothing external), the claims ledger first, data escaped, figures skipped cleanly when their probe did not run, and, when Chromium is
 installed, every figure rendered by a real browser with no script error and no request leaving the machine."""
 
 import argparse
+import base64
+import gzip
 import json
 import re
 import shutil
@@ -64,22 +66,33 @@ def runs(tiny_dirs, tmp_path_factory):
                 part_report=build_report(part.folder), root=root)
 
 
+def _packed(text: str) -> list[str]:
+    """The packed (gzip + base64) payloads of a page: plotly.js and the figure specs, unpacked."""
+    blobs = re.findall(r'id="ib-plotly">([A-Za-z0-9+/=]+)</script>', text)
+    blobs += re.findall(r'data-spec="([A-Za-z0-9+/=]+)"', text)
+    return [gzip.decompress(base64.b64decode(b)).decode() for b in blobs]
+
+
 def _outside_bundle(text: str) -> str:
-    assert text.count(BUNDLE) == 1
-    return text.replace(BUNDLE, "")
+    unpacked = _packed(text)
+    assert sum(u == BUNDLE for u in unpacked) == 1 and BUNDLE not in text  # plotly.js once, packed
+    rest = re.sub(r'id="ib-plotly">[A-Za-z0-9+/=]+</script>', "", text)
+    return re.sub(r'data-spec="[A-Za-z0-9+/=]+"', "", rest) + "".join(u for u in unpacked if u != BUNDLE)
 
 
 def test_report_is_self_contained(runs):
     text = runs["report"].read_text()
     assert runs["report"] == runs["full"] / "report.html"
-    assert text.count("* plotly.js v") == 1  # the bundle's header comment: plotly.js inlined exactly once
+    assert sum(u.count("* plotly.js v") for u in _packed(text)) == 1  # the bundle's header comment: inlined once
     rest = _outside_bundle(text)
     assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", rest, re.I)
     assert "http://" not in rest and "https://" not in rest and "<link" not in rest
     assert all(f'id="fig-{key}"' in text for key in FIGURES)  # every probe ran: every figure present
     assert '<a href="results.csv">results.csv</a>' in text and (runs["full"] / "results.csv").exists()
-    assert text.index("Summary: this run beside Paper III") < text.index('id="fig-')  # summary table first
-    for needle in ("Pythia-410M (paper)", "79.6% (78.4, 80.8)", "mixed PC1+PC2", "git commit"):
+    # the ledger first, then the figures, the table of every number last
+    assert text.index('id="ledger"') < text.index('id="fig-') < text.index("All numbers: this run beside Paper III")
+    for needle in ("Pythia-410M: 79.6% (78.4, 80.8)", "mixed PC1+PC2", "git commit", "One dominant value axis",
+                   'id="rows-filter"'):
         assert needle in text
 
 
@@ -111,6 +124,7 @@ def test_compare_page_and_cli_entry_points(runs, capsys):
     parser = add_report_arguments(argparse.ArgumentParser())
     assert report_main(parser.parse_args([str(runs["part"])])) == 0
     assert capsys.readouterr().out.strip().endswith("report.html")
+    assert "Claims × models" in text and text.index("Claims × models") < text.index("Table 2 layout")
     first, second = Report(runs["part_report"])._repr_html_(), Report(runs["part_report"])._repr_html_()
     assert first.count(BUNDLE) <= 1 and BUNDLE not in second  # plotly.js sent once per kernel, not per output
     assert "key orthogonality (10-90% of heads)" in second and 'id="fig-keys-keys"' in second
@@ -140,11 +154,17 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     _, err, urls = _chromium(bad, tmp_path / "bad")
     assert "Uncaught Error: boom" in err and set(urls) == {"https://example.com/x.png"}
 
-    dom, err, urls = _chromium(runs["report"], tmp_path / "report")
-    sections = dom.split('<section class="fig">')[1:]
-    assert len(sections) == len(FIGURES)
-    for section in sections:
-        if "<table" not in section.split("</h2>")[1][:200]:  # a figure, not a table of example prompts
-            assert 'class="main-svg"' in section, section[:200]  # plotly drew this figure
+    _, err, urls = _chromium(runs["report"], tmp_path / "report")
     assert "Uncaught" not in err and "CONSOLE" not in err, err[-2000:]
     assert urls == []
+    from tests.browser import Browser
+
+    with Browser() as b:  # the figures are drawn as they come into view, then the rest when idle: wait for all
+        b.open(runs["report"])
+        drawn = b.evaluate("""new Promise(function (done) { var t0 = Date.now();
+          (function check() { var plots = document.querySelectorAll('div.plot');
+            var ok = Array.prototype.every.call(plots, function (p) { return p.querySelector('.main-svg'); });
+            if (ok || Date.now() - t0 > 60000) done(JSON.stringify({n: plots.length, ok: ok,
+              sections: document.querySelectorAll('section.fig').length})); else setTimeout(check, 100); })(); })""")
+    drawn = json.loads(drawn)
+    assert drawn["sections"] == len(FIGURES) and drawn["ok"] and drawn["n"] == len(FIGURES) - 2  # 2: prompt tables

@@ -3,7 +3,8 @@
 A kind owns its whole vertical. Its ``Params`` dataclass is the single home of its defaults and refuses unknown
 keys; ``run(ctx, params)`` computes and returns tidy rows (plus per-prompt data for its figures, and any files it
 saves through the context); ``summary(rows, params)`` turns its rows (and nothing else) into the summary lines the
-report shows; ``figures(view)`` draws from what the probe wrote. The report iterates over the kinds recorded in the
+report shows; ``figures(view)`` draws from what the probe wrote; ``ledger(probes)`` gives its entries of the claims
+ledger, each with a verdict from the one set of rules in ``stats.ledger``. The report iterates over the kinds recorded in the
 run folder and never knows a probe by its recipe name.
 """
 
@@ -148,6 +149,25 @@ class Figure:
     title: str
     content: Any  # plotly.graph_objects.Figure or str (HTML)
     caption: str = ""
+    subject: str = ""  # the model or wind tunnel it is about ("": the run's model); the report's section
+
+
+@dataclass
+class Claim:
+    """One entry of the report's claims ledger, contributed by a kind from its rows (``Kind.ledger``).
+
+    ``key`` names the claim across runs (the rows of the compare page's claims x models matrix); ``verdict`` is
+    one of ``stats.ledger.VERDICTS``, given by the rules there; ``evidence`` is the decisive number with its null
+    or interval; ``paper`` the papers' number where they print one; ``section`` the figure id it links to."""
+
+    key: str
+    claim: str
+    verdict: str
+    evidence: str
+    subject: str = ""  # the model or wind tunnel it is about ("": the run's model)
+    paper: str = ""
+    section: str = ""
+    rival: bool = False  # a rival explanation rather than a claim of the papers
 
 
 @dataclass
@@ -162,6 +182,8 @@ class Kind:
     plan: Callable = lambda ctx, params: []  # (ctx, params) -> list[PlanItem], for --dry-run
     version: int = 1  # bump when the computation changes, so cached results of older versions are recomputed
     doc: str = ""
+    ledger: Callable = lambda probes: []  # (list[ProbeView]) -> list[Claim], the claims its probes test
+    subject: Callable = lambda params: ""  # (Params) -> the wind tunnel a probe runs on ("": the sweep's model)
 
 
 @dataclass
@@ -173,3 +195,6 @@ class PlanItem:
     cached: bool | None  # None: not known before another stage has run
     forwards: int = 0  # prompt forward passes still to run
     disk_bytes: int = 0
+    key: str = ""  # an activation set's folder name: two probes asking for one set share it (counted once)
+    model: str = ""  # the wind tunnel the forwards run on ("": the sweep's model)
+    sample: list = field(default_factory=list, repr=False)  # token ids of a few of its prompts (a calibration)

@@ -98,7 +98,7 @@ def summary(rows: list[Row], p: AxisParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     out = []
     for p in probes:
@@ -125,7 +125,7 @@ def _deconfounded_figure(p) -> Figure:
     the conditional PC1 axis, with the within-k permutation null's range."""
     import plotly.graph_objects as go
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     fig = go.Figure()
     method = (p.params.get("methods") or ["pc1"])[0]
@@ -152,4 +152,25 @@ def _deconfounded_figure(p) -> Figure:
         "leave over.")
 
 
-KIND = register(Kind("axis", AxisParams, run, summary, figures, plan, doc=__doc__))
+def ledger(probes) -> list:
+    """Per axis method: the held-out projection tracks the Bayes entropy beyond the confounds (last layer)."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    out = []
+    for p in probes:
+        corr = select(p.rows, "corr_held_out_projection", target="bayes latent", axis="unconditional")
+        if not corr:
+            continue
+        last = max(r.scope["layer"] for r in corr)
+        for method in dict.fromkeys(r.scope.get("method") for r in corr):
+            at = dict(layer=last, method=method, axis="unconditional")
+            text, claim = deconfounded_text(p.rows, "corr_held_out_projection", target="bayes latent", **at)
+            if text:
+                out.append(Claim(f"axis-{method}", f"A held-out {method} entropy axis (L{last}) tracks the Bayes "
+                                 "entropy beyond k and length", L.from_deconfounded(claim), text,
+                                 section=f"fig-axis-{p.name}"))
+    return out
+
+
+KIND = register(Kind("axis", AxisParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

@@ -192,3 +192,9 @@ def last_layer(rows: list[Row], metric: str = "pc1_share") -> int | None:
 
 def finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
+
+
+def claims_from(probes, metric: str, claim) -> list:
+    """The ledger entries of probes decided by one row each: ``claim(probe, row)`` -> Claim for every probe that
+    has a ``metric`` row."""
+    return [claim(p, row) for p in probes if (row := find(p.rows, metric)) is not None]

@@ -87,11 +87,14 @@ def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     return out
 
 
+READING_COLOURS = {"resid": "#1f4e79", "v": "#27ae60", "z": "#8e44ad", "attn_entropy": "#d68910"}
+
+
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     out = []
     for p in probes:
@@ -106,7 +109,8 @@ def figures(probes) -> list[Figure]:
                                 key=lambda r: r.scope["layer"])
                     fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs],
                                              mode="lines+markers", name=f"ridge R², {reading}", legendgroup=reading,
-                                             showlegend=i == j == 1), row=i, col=j)
+                                             line=dict(color=READING_COLOURS.get(reading, "#333")),
+                                             showlegend=i == j == 1), row=i, col=j)  # one colour per reading
                 axis = sorted(select(p.rows, "axis_r", target=target, adjust=adjust, reading="v"),
                               key=lambda r: r.scope["layer"])
                 fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in axis], y=[r.value ** 2 for r in axis],
@@ -123,4 +127,62 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("decoding", DecodingParams, run, summary, figures, doc=__doc__))
+def plan(ctx, p: DecodingParams) -> list:
+    """The SULA main set and its readings at the probe's layers (or a wind tunnel's prefixes), then the ridge
+    decoders (arithmetic only)."""
+    from ..core.plugin import PlanItem
+    from .common import plan_sula, sula_request
+
+    if p.task != "sula":
+        from .windtunnel import task_of, checkpoint_folder, windtunnel_prompts
+
+        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.task)), p.n_sequences, p.seed)
+        return [PlanItem("decoding", f"wind tunnel {p.task}: {len(prompts)} prefixes, readings "
+                         f"{', '.join(p.readings)} at every layer (a small model: seconds)", None, len(prompts),
+                         model=Path(p.task).name)]
+    req = sula_request(ctx, "main", p.per_k, p.seed, p.layers)
+    return plan_sula(ctx, "decoding", ["main"], p.per_k, p.seed, p.layers) + [
+        ctx.plan_acts("decoding", "sula-main-readings", req["prompts"], layers=ctx.layers(p.layers),
+                      readings=p.readings, label_tokens=req["label_tokens"], dims=ctx.site_dims())]
+
+
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "sula" else Path(p.task).name
+
+
+DECODABLE_R2 = 0.1  # a held-out R² that clears its null but stays under this is decodable only weakly
+AXIS_SHARE = (0.5, 0.25)  # the PC1 axis carries "most" (holds) or "a good part" (weakly) of the decodable R²
+
+
+def ledger(probes) -> list:
+    """Where uncertainty is decodable: the model's entropy from the best layer and reading beyond the confounds,
+    and the share of it the values' PC1 axis carries there."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        every = select(p.rows, "decoding_r2", target="model entropy", adjust="deconfounded")
+        if not every:
+            continue
+        finite = [r for r in every if np.isfinite(r.value)]
+        best = max(finite, key=lambda r: r.value) if finite else every[0]
+        at = f"{best.scope.get('reading')} L{best.scope.get('layer')}"
+        out.append(Claim("decodable", f"Model entropy is decodable beyond the confounds (best held-out R², {at})",
+                         L.at_least(L.beyond_null(best), best.value, DECODABLE_R2), L.fmt(best), subject=where,
+                         rival=True,
+                         section=f"fig-decoding-{p.name}"))
+        share = next(iter(select(p.rows, "axis_share_of_decodable", target="model entropy", adjust="deconfounded",
+                                 layer=best.scope.get("layer"), reading="v")), None)
+        if share is not None and finite and np.isfinite(share.value):
+            out.append(Claim("axis-share", f"The values' PC1 axis carries most of the decodable entropy (L"
+                             f"{best.scope.get('layer')}, deconfounded)", L.magnitude(share.value, *AXIS_SHARE),
+                             f"{share.value:.0%} of the decodable R²", subject=where, rival=True,
+                             section=f"fig-decoding-{p.name}"))
+    return out
+
+
+KIND = register(Kind("decoding", DecodingParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=subject))

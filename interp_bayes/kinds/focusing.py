@@ -66,7 +66,7 @@ def summary(rows: list[Row], p: FocusingParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..report.figures import COLOURS, layout
+    from ..core.figures import COLOURS, layout
 
     out = []
     for p in probes:
@@ -88,4 +88,15 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("focusing", FocusingParams, run, summary, figures, plan, doc=__doc__))
+def ledger(probes) -> list:
+    from ..core.plugin import Claim
+    from ..stats import ledger as L
+    from .common import claims_from
+
+    return claims_from(probes, "focusing_reduction", lambda p, red: Claim(
+        "attention-focuses", "Attention focuses with depth (entropy falls from the first to the last layer)",
+        L.interval_side(red, "above", 0.0), L.fmt(red, pct=True), paper="attention focusing",
+        section=f"fig-focusing-{p.name}"))
+
+
+KIND = register(Kind("focusing", FocusingParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

@@ -14,8 +14,7 @@ from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
 from ..core.layers import check_recipe_layers
-from .common import (SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows,
-    pct, plan_sula, sula)
+from .common import SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows, pct, plan_sula, sula
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
@@ -139,7 +138,7 @@ def _calibration(p) -> Figure:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=["label entropy per k", "entropy MAE vs Bayes per k"])
     bayes_curves: dict[tuple, list[str]] = {}
@@ -172,7 +171,7 @@ def _calibration(p) -> Figure:
 def _geometry(p) -> Figure | None:
     import plotly.graph_objects as go
 
-    from ..report.figures import layout, shorten
+    from ..core.figures import layout, shorten
 
     d = p.data.get("main", {})
     if "pc1" not in d:
@@ -197,7 +196,7 @@ def _geometry(p) -> Figure | None:
 
 
 def _examples(p) -> Figure | None:
-    from ..report.html import table
+    from ..core.figures import table
 
     d = p.data.get("main", {})
     if "texts" not in d:
@@ -216,4 +215,31 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("icl", ICLParams, run, summary, figures, plan, doc=__doc__))
+def ledger(probes) -> list:
+    """Calibration to Bayes (the in-context entropy error against the shuffled-label control's, else against the
+    error at k = 0), and PC1 tracking the posterior's entropy beyond k."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    out = []
+    for p in probes:
+        mae = find(p.rows, "entropy_mae", condition="main", target="latent", subset="k>=1")
+        if mae is not None:
+            ref = find(p.rows, "entropy_mae", condition="shuffled", target="latent", subset="k>=1")
+            what = "with shuffled labels"
+            if ref is None:
+                ref, what = find(p.rows, "entropy_mae", condition="main", target="latent", k=0), "at k = 0"
+            out.append(Claim("calibration", "In-context entropy is calibrated to Bayes (SULA, |H model - H Bayes| "
+                             "at k >= 1)", L.below_reference(mae.value, ref.value if ref else None),
+                             f"{mae.value:.3f} bits vs {ref.value:.3f} bits {what}" if ref else f"{mae.value:.3f} bits",
+                             paper="SULA MAE", section=f"fig-icl-{p.name}"))
+        raw = find(p.rows, "corr_pc1", condition="main", subset="all", target="bayes latent", deconfounded="raw")
+        if raw is not None:
+            text, claim = deconfounded_text(p.rows, "corr_pc1", condition="main", subset="all",
+                                            target="bayes latent")
+            out.append(Claim("pc1-posterior", "PC1 tracks the in-context posterior's entropy beyond k (SULA, all k)",
+                             L.from_deconfounded(claim), text, section=f"fig-icl-geometry-{p.name}"))
+    return out
+
+
+KIND = register(Kind("icl", ICLParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

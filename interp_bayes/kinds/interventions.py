@@ -150,7 +150,7 @@ def plan(ctx, p: InterventionsParams) -> list:
     n_runs = 1 + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values()))
     n_eval = 5 * p.per_k - 5 * p.per_k // 2
     items.append(PlanItem("interventions", f"{n_runs} edited and unedited runs of ~{n_eval} prompts", False,
-                          n_runs * n_eval))
+                          n_runs * n_eval, sample=items[0].sample))  # the runs' prompts are SULA prompts
     return items
 
 
@@ -193,7 +193,7 @@ def effects_figure(p, title_prefix: str = "") -> Figure | None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     runs = p.data.get("runs")
     if not runs:
@@ -240,27 +240,41 @@ def per_k_figure(p, title_prefix: str = "") -> Figure | None:
     """Change in entropy MAE per k of every edit, true axis against the mean of each control family."""
     import plotly.graph_objects as go
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     runs, base = p.data.get("runs"), p.data.get("baseline", {})
     ks = sorted(int(key[len("mae_k"):]) for key in base if key.startswith("mae_k") and key[5:].isdigit())
     if not runs or not ks:
         return None
+    from plotly.colors import qualitative
+
     fig = go.Figure()
     edits = list(dict.fromkeys((r["layer_set"], r["op"]) for r in runs))
-    for layer_set, op in edits:
-        for fam in dict.fromkeys(r["kind"] for r in runs):
+    sets = list(dict.fromkeys(layer_set for layer_set, _ in edits))
+    families = list(dict.fromkeys(r["kind"] for r in runs))
+    control = "matched" if "matched" in families else next((f for f in families if f != "true"), None)
+    for i, (layer_set, op) in enumerate(edits):
+        # one colour per edit (its legend entry), the layer set as the marker; its matched controls' mean as a
+        # thin dotted line of the same colour in the same legend group (one entry per edit, not per family)
+        colour = qualitative.Plotly[i % len(qualitative.Plotly)]
+        for fam in ("true", control) if control else ("true",):
             sel = [r for r in runs if r["kind"] == fam and r["layer_set"] == layer_set and r["op"] == op]
+            if not sel:
+                continue
             y = [float(np.mean([r[f"mae_k{k}"] for r in sel])) - base[f"mae_k{k}"] for k in ks]
-            fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers", name=f"L{layer_set} {op}: {fam}",
-                                     legendgroup=f"{layer_set}{op}", visible=True if fam == "true" else "legendonly",
-                                     line=dict(color=FAMILY_COLOURS.get(fam), dash="solid" if fam == "true" else "dot")))
+            true = fam == "true"
+            fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers" if true else "lines",
+                                     name=f"L{layer_set} {op}" if true else f"L{layer_set} {op}: {fam} controls' mean",
+                                     legendgroup=f"{layer_set}{op}", showlegend=true,
+                                     marker=dict(symbol=["circle", "square", "diamond", "x"][sets.index(layer_set) % 4]),
+                                     line=dict(color=colour, dash="solid" if true else "dot", width=2 if true else 1)))
     fig.add_hline(y=0, line=dict(color="#888", width=1))
     fig.update_xaxes(title_text="k (in-context examples)")
     fig.update_yaxes(title_text="Δ entropy MAE vs Bayes (bits)")
     return Figure(f"interventions-per-k-{p.name}", f"{title_prefix}Intervention effects per k", layout(
-        fig, f"{title_prefix}Change in calibration per k (true axis; click a legend entry for its controls' mean)"),
-        "Where an edit hurts: a true-axis curve above its controls' at some k means the axis matters there.")
+        fig, f"{title_prefix}Change in calibration per k (solid: true axis; dotted: its matched controls' mean)"),
+        "Where an edit hurts: a solid curve above its dotted controls' curve at some k means the axis matters there. "
+        "Click a legend entry to hide an edit.")
 
 
 def figures(probes) -> list[Figure]:
@@ -270,4 +284,23 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("interventions", InterventionsParams, run, summary, figures, plan, doc=__doc__))
+def readout_claim(rows: list[Row], subject: str = "", section: str = ""):
+    """The claim that the axis is a readout, not a bottleneck: cutting it at the widest layer set harms the
+    in-context MAE no more than cutting matched random axes (None without such a row)."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    cuts = select(rows, "effect", op="cut", measure="mae_k_ge_1", family="true")
+    if not cuts:
+        return None
+    row = max(cuts, key=lambda r: len(str(r.scope.get("layer_set", "")).split("+")))
+    return Claim("readout", f"The axis is a readout, not a bottleneck (cut at L{row.scope.get('layer_set')}: change "
+                 "in MAE k >= 1, bits)", L.not_beyond_null(row), L.fmt(row), subject=subject, section=section)
+
+
+def ledger(probes) -> list:
+    out = [readout_claim(p.rows, section=f"fig-interventions-{p.name}") for p in probes]
+    return [c for c in out if c is not None]
+
+
+KIND = register(Kind("interventions", InterventionsParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

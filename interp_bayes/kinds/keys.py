@@ -47,7 +47,7 @@ def summary(rows: list[Row], p: KeysParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..report.figures import COLOURS, layout
+    from ..core.figures import COLOURS, layout
 
     out = []
     for p in probes:
@@ -76,4 +76,18 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("keys", KeysParams, run, summary, figures, doc=__doc__))
+ORTHOGONAL_CEILING = 0.2  # mean |cos| the papers still call orthogonal (their widest range: 0.15-0.18)
+
+
+def ledger(probes) -> list:
+    from ..core.plugin import Claim
+    from ..stats import ledger as L
+    from .common import claims_from
+
+    return claims_from(probes, "key_orthogonality_heads", lambda p, heads: Claim(
+        "orthogonal-keys", "Keys are near-orthogonal (mean |cos| of key columns per head, 10-90% of heads)",
+        L.small_beside_null(heads, ORTHOGONAL_CEILING), L.fmt(heads), paper="key orthogonality",
+        section=f"fig-keys-{p.name}"))
+
+
+KIND = register(Kind("keys", KeysParams, run, summary, figures, doc=__doc__, ledger=ledger))

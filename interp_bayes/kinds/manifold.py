@@ -112,7 +112,7 @@ def _scatter(probes) -> Figure | None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import layout, shorten
+    from ..core.figures import layout, shorten
 
     panels = []
     for p in probes:
@@ -147,12 +147,15 @@ def _shares(probes) -> Figure | None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import COLOURS, layout
+    from ..core.figures import COLOURS, layout
 
     sets = [(p.data.get("label", p.name), p.rows) for p in probes if last_layer(p.rows) is not None]
     if not sets:
         return None
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["PC1 share (last layer)", "PC1 share per layer"])
+    # the per-layer panel only where some set has two layers or more (one layer: a single point, said by the bars)
+    per_layer = any(len({r.scope["layer"] for r in select(rows, "pc1_share")}) > 1 for _, rows in sets)
+    fig = make_subplots(rows=1, cols=2 if per_layer else 1,
+                        subplot_titles=["PC1 share (last layer)"] + (["PC1 share per layer"] if per_layer else []))
     for series, colour in (("observed", COLOURS["observed"]), ("permuted", COLOURS["permuted"]),
                            ("gaussian", COLOURS["gaussian"])):
         xs, ys, lo, hi = [], [], [], []
@@ -165,7 +168,7 @@ def _shares(probes) -> Figure | None:
         fig.add_trace(go.Bar(x=xs, y=ys, name=label, marker_color=colour,
                              error_y=dict(type="data", array=np.subtract(hi, ys), arrayminus=np.subtract(ys, lo))),
                       row=1, col=1)
-    for name, rows in sets:
+    for name, rows in sets if per_layer else []:
         obs = sorted(select(rows, "pc1_share"), key=lambda r: r.scope["layer"])
         fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in obs], y=[r.value for r in obs], mode="lines+markers",
                                  name=f"{name} per layer",
@@ -175,15 +178,17 @@ def _shares(probes) -> Figure | None:
                                  line=dict(dash="dot", color=COLOURS["permuted"]), name=f"{name} permuted null, 97.5%"),
                       row=1, col=2)
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
-    fig.update_xaxes(title_text="layer", row=1, col=2)
+    if per_layer:
+        fig.update_xaxes(title_text="layer", row=1, col=2)
     return Figure("shares", "PC shares vs nulls", layout(fig, "Variance on PC1 against empirical nulls", barmode="group"),
                   "Dark bars far above both grey null bars mean real low-dimensional structure; bars at null height "
-                  "mean none. Right: the same share at every collected layer, with the permuted null's upper bound.")
+                  "mean none." + (" Right: the same share at every collected layer, with the permuted null's upper "
+                                  "bound." if per_layer else " (One layer collected: no per-layer panel.)"))
 
 
 def _examples(probes) -> Figure | None:
-    from ..report.figures import shorten
-    from ..report.html import table
+    from ..core.figures import shorten
+    from ..core.figures import table
 
     parts = []
     for p in probes:
@@ -209,4 +214,44 @@ def figures(probes) -> list[Figure]:
     return [f for f in (_scatter(probes), _shares(probes), _examples(probes)) if f is not None]
 
 
-KIND = register(Kind("manifold", ManifoldParams, run, summary, figures, plan, doc=__doc__))
+DOMINANT = 1 / 3  # a "dominant" PC1 carries at least a third of the variance (the papers' smallest: 36.6%)
+
+
+def ledger(probes) -> list:
+    """One dominant axis and PC1 tracking entropy (on the mixed set, else the first), and the manifold's collapse
+    under domain restriction (each restricted set's PC1+PC2 share against the mixed set's)."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    sets = {}
+    for p in probes:
+        if last_layer(p.rows) is not None:
+            sets.setdefault(label(p.params_object()), p)
+    if not sets:
+        return []
+    name, base = ("mixed", sets["mixed"]) if "mixed" in sets else next(iter(sets.items()))
+    at = dict(layer=last_layer(base.rows))
+    pc1 = find(base.rows, "pc1_share", **at)
+    known = name in DOMAIN_LABELS.values()
+    out = [Claim("dominant-axis", f"One dominant value axis (PC1 share, {name} prompts, L{at['layer']})",
+                 L.at_least(L.beyond_null(pc1), pc1.value if pc1 else None, DOMINANT), L.fmt(pc1, pct=True),
+                 paper=f"{name} PC1" if known else "", section="fig-shares")]
+    raw = find(base.rows, "corr_pc1", target="entropy", deconfounded="raw", **at)
+    text, claim = deconfounded_text(base.rows, "corr_pc1", target="entropy", **at)
+    out.append(Claim("pc1-entropy", f"PC1 tracks next-token entropy beyond prompt length ({name} prompts)",
+                     L.from_deconfounded(claim or L.deconfounded_claim(raw)), text or L.fmt(raw),
+                     paper="Spearman(PC1, H) mixed / math", section="fig-manifold"))
+    mixed12 = find(base.rows, "pc12_share", **at) if name == "mixed" else None
+    for other, p in sets.items():
+        if mixed12 is None or other == "mixed":
+            continue
+        mine = find(p.rows, "pc12_share", layer=last_layer(p.rows))
+        out.append(Claim(f"domain-collapse-{other}", f"Restricting prompts to {other} collapses the manifold "
+                         "(PC1+PC2 share rises)", L.exceeds(mine, mixed12),
+                         f"{other} {L.fmt(mine, pct=True).split(' vs ')[0]} vs mixed "
+                         f"{L.fmt(mixed12, pct=True).split(' vs ')[0]}",
+                         paper=f"{other} PC1+PC2" if other in DOMAIN_LABELS.values() else "", section="fig-shares"))
+    return out
+
+
+KIND = register(Kind("manifold", ManifoldParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

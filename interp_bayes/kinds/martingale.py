@@ -63,7 +63,7 @@ def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import COLOURS, layout
+    from ..core.figures import COLOURS, layout
 
     out = []
     for p in probes:
@@ -90,4 +90,45 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, doc=__doc__))
+def plan(ctx, p: MartingaleParams) -> list:
+    """Forwards of the test: each context in ``n_perms`` orders, then ``n_draws`` draws of a next example, each
+    predicted with and without it (``martingale.martingale_test``), plus the contexts themselves."""
+    from ..core.plugin import PlanItem
+
+    n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
+    on = "" if p.task == "sula" else Path(p.task).name
+    return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({p.task}): {p.n_perms} orders and {p.n_draws} "
+                     "draws each", False, n, model=on)]
+
+
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "sula" else Path(p.task).name
+
+
+def ledger(probes) -> list:
+    """Rivals of a Bayesian reading: predictions that depend on the order of the examples, or that are not a
+    martingale (the claim holds when no k clears its null)."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        for metric, key, text in (("order_sensitivity_js_bits", "order", "Predictions do not depend on the order "
+                                   "of the examples (JS across orders vs the exact predictor)"),
+                                  ("martingale_gap_debiased_bits", "martingale", "Predictions form a martingale "
+                                   "(debiased gap vs the martingale null)")):
+            rs = sorted(select(p.rows, metric), key=lambda r: r.scope["k"])
+            if not rs:
+                continue
+            hit, total = L.count_beyond(rs)
+            worst = max(rs, key=lambda r: r.value - r.null_high)
+            out.append(Claim(key, text, L.none_beyond(rs), f"above its null at {hit} of {total} k; largest at "
+                             f"k={worst.scope['k']}: {L.fmt(worst)}", subject=where, rival=True,
+                             section=f"fig-martingale-{p.name}"))
+    return out
+
+
+KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=subject))

@@ -180,7 +180,7 @@ def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..report.figures import COLOURS, layout
+    from ..core.figures import COLOURS, layout
 
     out = []
     for p in probes:
@@ -199,14 +199,79 @@ def figures(probes) -> list[Figure]:
                                     hovertemplate="neuron %{text}<extra></extra>")])
         fig.update_xaxes(title_text="|w_out|" if d.get("write", "W_out") == "W_out" else
                          "|write| per unit of activation (measured through the post-MLP norm)")
-        fig.update_yaxes(title_text="rho: |V0ᵀw| / |w|, the fraction of the write's norm in the null space")
+        # short enough for the plot's height (the long form was clipped); the definition is in the caption
+        fig.update_yaxes(title_text="rho = |V0ᵀw| / |w|")
         out.append(Figure(f"entropy-neurons-{p.name}", "Entropy neurons", layout(
             fig, f"Last-layer neurons: output norm against null-space fraction (null space of {d['null_dim']} "
                  "dimensions)"),
             "Entropy neurons sit top right: a large write mostly in the null space, so they change entropy "
-            "through the final norm rather than the logits' ranking. Candidates are ranked by rho alone, as the "
-            "authors rank them."))
+            "through the final norm rather than the logits' ranking. rho is the fraction of a write's norm in the "
+            "unembedding's null space. Candidates are ranked by rho alone, as the authors rank them."))
     return out
 
 
-KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, doc=__doc__))
+def plan(ctx, p: EntropyNeuronsParams) -> list:
+    """The pool and SULA sets it reads (shared with other probes), then the ablations: each of the ``top_n``
+    candidates and ``n_random`` random neurons ablated on every prompt, total and with the final norm frozen
+    (direct), plus the clean forward; with ``compare``, both mechanisms against their controls on the SULA set."""
+    from ..core.plugin import PlanItem
+    from .common import plan_sula
+
+    if p.task != "sula":
+        from .windtunnel import task_of, checkpoint_folder, windtunnel_prompts
+
+        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.task)), p.n_sequences, p.seed)
+        n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
+                                                               if p.compare else 0)
+        return [PlanItem("entropy_neurons", f"wind tunnel {p.task}: ablations on {len(prompts)} prefixes (a small "
+                         "model: seconds)", None, n, model=Path(p.task).name)]
+    from ..core.prompts import load_source, source_label
+
+    spec = p.prompts if p.prompts is not None else ctx.config.prompts
+    texts = list(load_source(spec)["text"])
+    n_ablate = min(p.n_prompts, len(texts))
+    items = [ctx.plan_acts("entropy_neurons", f"pool-{source_label(spec)}", texts, layers=ctx.layers(None),
+                           dims=ctx.site_dims())]
+    items += plan_sula(ctx, "entropy_neurons", ["main"], p.per_k, p.seed, SULA_LAYERS)
+    n = n_ablate * (1 + 2 * (p.top_n + p.n_random))
+    items.append(PlanItem("entropy_neurons", f"ablations: {p.top_n} candidates and {p.n_random} random neurons on "
+                          f"{n_ablate} prompts, total and direct", False, n))
+    if p.compare:
+        items.append(PlanItem("entropy_neurons", f"both mechanisms ablated with {p.n_controls} controls on the SULA "
+                              "set", False, 5 * p.per_k * 2 * (1 + p.n_controls)))
+    return items
+
+
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "sula" else Path(p.task).name
+
+
+def ledger(probes) -> list:
+    """Rivals: the final-norm scale (entropy neurons' route) tracks entropy beyond the confounds; the value axis
+    lies in the unembedding's null space more than random value directions do."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        for target in ("entropy", "bayes_entropy"):
+            raw = find(p.rows, "corr_final_scale", target=target, deconfounded="raw")
+            if raw is None:
+                continue
+            text, claim = deconfounded_text(p.rows, "corr_final_scale", target=target)
+            out.append(Claim("final-norm", f"The final-norm scale tracks {target.replace('_', ' ')} beyond the "
+                             "confounds (entropy neurons)", L.from_deconfounded(claim or L.deconfounded_claim(raw)),
+                             text, subject=where, rival=True, section=f"fig-entropy-neurons-{p.name}"))
+            break
+        rho = next(iter(select(p.rows, "axis_null_rho")), None)
+        if rho is not None:
+            out.append(Claim("axis-null-space", "The value axis lies in the unembedding's null space (beyond random "
+                             "value directions)", L.beyond_null(rho), L.fmt(rho), subject=where, rival=True,
+                             section=f"fig-entropy-neurons-{p.name}"))
+    return out
+
+
+KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=subject))

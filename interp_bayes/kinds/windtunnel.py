@@ -62,7 +62,8 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
     return prompts, cols
 
 
-def _task_of(folder: Path):
+def task_of(folder: Path):
+    """The task object of the wind tunnel saved in ``folder`` (from its windtunnel.json)."""
     from ..core.store import read_json
     from ..windtunnel.configs import TrainConfig, make_task
 
@@ -74,7 +75,7 @@ def load_windtunnel_task(name: str):
     from ..model.loading import load_model
 
     folder = checkpoint_folder(name)
-    return load_model(folder), _task_of(folder)
+    return load_model(folder), task_of(folder)
 
 
 @dataclass
@@ -167,10 +168,10 @@ def run(ctx, p: WindtunnelParams) -> Result:
 def plan(ctx, p: WindtunnelParams) -> list:
     from ..core.plugin import PlanItem
 
-    task = _task_of(checkpoint_folder(p.checkpoint))
+    task = task_of(checkpoint_folder(p.checkpoint))
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
     return [PlanItem("windtunnel", f"wind tunnel {p.checkpoint}: {len(prompts)} prompts and the intervention "
-                     "protocol (a small model: seconds)", None, len(prompts))]
+                     "protocol (a small model: seconds)", None, len(prompts), model=Path(p.checkpoint).name)]
 
 
 def summary(rows: list[Row], p: WindtunnelParams) -> list[Line]:
@@ -203,7 +204,7 @@ def _calibration(p) -> Figure:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..report.figures import COLOURS, layout
+    from ..core.figures import COLOURS, layout
 
     per = sorted((r for r in select(p.rows, "model_entropy", condition="windtunnel") if "k" in r.scope),
                  key=lambda r: r.scope["k"])
@@ -227,7 +228,7 @@ def _calibration(p) -> Figure:
 def _geometry(p) -> Figure | None:
     import plotly.graph_objects as go
 
-    from ..report.figures import layout
+    from ..core.figures import layout
 
     d = p.data
     if "pc1" not in d:
@@ -254,4 +255,46 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-KIND = register(Kind("windtunnel", WindtunnelParams, run, summary, figures, plan, doc=__doc__))
+CALIBRATED_BITS = (0.01, 0.1)  # entropy MAE vs Bayes: "holds" at most 0.01 bits (Paper I: ~1e-3), weakly 0.1
+
+
+def subject(p: WindtunnelParams) -> str:
+    return Path(p.checkpoint).name
+
+
+def ledger(probes) -> list:
+    """Per wind tunnel: calibration to the exact posterior, one dominant value axis, PC1 tracking the Bayes
+    entropy beyond the query position, and the axis as a readout (the interventions kind's claim)."""
+    from ..stats import ledger as L
+    from ..core.plugin import Claim
+    from .interventions import readout_claim
+    from .manifold import DOMINANT
+
+    out = []
+    for p in probes:
+        tunnel = subject(p.params_object())
+        mae = find(p.rows, "entropy_mae", condition="windtunnel", subset="all")
+        layers = [r.scope["layer"] for r in select(p.rows, "pc1_share")]
+        if mae is None or not layers:
+            continue
+        at = dict(layer=max(layers))
+        out.append(Claim("wt-calibration", "The wind tunnel is calibrated to the exact posterior (entropy MAE vs "
+                         "Bayes)", L.magnitude(mae.value, *CALIBRATED_BITS, larger=False), f"{mae.value:.4f} bits",
+                         subject=tunnel, paper="Paper I: ~0.001 bits", section=f"fig-windtunnel-calibration-{p.name}"))
+        pc1 = find(p.rows, "pc1_share", **at)
+        out.append(Claim("dominant-axis", f"One dominant value axis (PC1 share, L{at['layer']})",
+                         L.at_least(L.beyond_null(pc1), pc1.value, DOMINANT), L.fmt(pc1, pct=True), subject=tunnel,
+                         section=f"fig-windtunnel-geometry-{p.name}"))
+        text, claim = deconfounded_text(p.rows, "corr_pc1", target="bayes entropy", **at)
+        if text:
+            out.append(Claim("wt-pc1-bayes", "PC1 tracks the exact posterior's entropy beyond the query position",
+                             L.from_deconfounded(claim), text, subject=tunnel,
+                             section=f"fig-windtunnel-geometry-{p.name}"))
+        readout = readout_claim(p.rows, tunnel, f"fig-interventions-{p.name}")
+        if readout is not None:
+            out.append(readout)
+    return out
+
+
+KIND = register(Kind("windtunnel", WindtunnelParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=subject))

@@ -128,34 +128,33 @@ def orthonormal_rows(basis, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class SubspaceCut:
-    """v - Pv: remove the span of ``basis`` ([k, dim], orthonormalised here) from every vector at the site."""
-
-    basis: torch.Tensor
+class _SubspaceEdit:
+    basis: torch.Tensor  # [k, dim], orthonormalised here
     layer: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "basis", orthonormal_rows(self.basis))
 
-    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+    def _split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v flattened to the basis' width, its projection Pv onto the span)."""
         q = self.basis.to(v.dtype).to(v.device)  # [k, dim]
         flat = _flat(v, q.shape[1])
-        return (flat - (flat @ q.T) @ q).reshape(v.shape)
+        return flat, (flat @ q.T) @ q
 
 
-@dataclass(frozen=True, eq=False)
-class SubspaceOnly:
-    """Pv: keep only the component in the span of ``basis`` ([k, dim], orthonormalised here)."""
-
-    basis: torch.Tensor
-    layer: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "basis", orthonormal_rows(self.basis))
+class SubspaceCut(_SubspaceEdit):
+    """v - Pv: remove the span of ``basis`` ([k, dim], orthonormalised here) from every vector at the site."""
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
-        q = self.basis.to(v.dtype).to(v.device)
-        return ((_flat(v, q.shape[1]) @ q.T) @ q).reshape(v.shape)
+        flat, proj = self._split(v)
+        return (flat - proj).reshape(v.shape)
+
+
+class SubspaceOnly(_SubspaceEdit):
+    """Pv: keep only the component in the span of ``basis`` ([k, dim], orthonormalised here)."""
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return self._split(v)[1].reshape(v.shape)
 
 
 OPS = ("cut", "only", "shift+", "shift-")

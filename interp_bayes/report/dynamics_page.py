@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from ..core.store import atomic_write_text
 from ..core.plugin import Figure
-from .figures import LAYOUT
+from ..core.figures import LAYOUT
 from .html import figure_sections, page
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")

@@ -8,7 +8,6 @@ not run, or a statistic an older run did not write, such as the deconfounded axi
 
 from __future__ import annotations
 
-import html
 import os
 import re
 from dataclasses import dataclass, field
@@ -174,7 +173,7 @@ def scaling_figures(cells: list[CellView]) -> list:
     from plotly.colors import qualitative
 
     from ..core.plugin import Figure
-    from .figures import layout
+    from ..core.figures import layout
 
     out = []
     for h, label in columns(cells):
@@ -208,7 +207,9 @@ def scaling_figures(cells: list[CellView]) -> list:
 
 
 def grid_body(cells: list[CellView], page_path: Path, title: str) -> str:
-    from .html import _e, figure_sections, table
+    from . import ledger as L
+    from ..core.figures import escape, table
+    from .html import figure_sections, verdict_legend
 
     cols = columns(cells)
     header = ["model", "revision", "seed", "parameters", "probes"] + [label for _, label in cols]
@@ -219,10 +220,10 @@ def grid_body(cells: list[CellView], page_path: Path, title: str) -> str:
         body.append([c.model, c.revision or "—", str(c.seed), f"{c.n_params:,}" if c.n_params else "?",
                      f"{len(done)}/{len(c.run.order)}"] + [describe(found.get(label)) for _, label in cols])
     links = "".join(
-        f"<li><a href=\"{_e(os.path.relpath(c.run.folder / 'report.html', page_path.parent))}\">{_e(c.model)}"
-        f"{'@' + _e(c.revision) if c.revision else ''}, seed {_e(c.seed)}</a> <code>{_e(c.run.folder)}</code></li>"
+        f"<li><a href=\"{escape(os.path.relpath(c.run.folder / 'report.html', page_path.parent))}\">{escape(c.model)}"
+        f"{'@' + escape(c.revision) if c.revision else ''}, seed {escape(c.seed)}</a> <code>{escape(c.run.folder)}</code></li>"
         for c in cells)
-    return (f"<h1>interp_bayes grid: {_e(title)}</h1><p class=\"sub\">{len(cells)} cells; every number below is "
+    return (f"<h1>interp_bayes grid: {escape(title)}</h1><p class=\"sub\">{len(cells)} cells; every number below is "
             "read from the cells' run folders (results.csv in each).</p>"
             "<h2>Headline numbers per cell</h2><p class=\"note\">Value (interval) · null range · verdict · layer. "
             "PC1 share: the manifold probes' share at the last layer, with its resampled interval and the permuted "
@@ -231,6 +232,9 @@ def grid_body(cells: list[CellView], page_path: Path, title: str) -> str:
             "k ≥ 1, main condition. Cut: the change in that MAE when the axis is cut, with its bootstrap interval "
             "against the matched control axes' range. — : the cell has no such row.</p>"
             + table(header, body, ["ours"] + [""] * 4 + ["num"] * len(cols), table_class="summary")
+            + "<h2>Claims × cells</h2>" + verdict_legend()
+            + L.matrix([(f"{c.model}{'@' + c.revision if c.revision else ''} s{c.seed}", L.collect(c.run))
+                        for c in cells])
             + f"<h2>Cells</h2><ul class=\"sub\">{links}</ul>" + figure_sections(scaling_figures(cells)))
 
 

@@ -9,16 +9,17 @@ script is fetched, and every string that comes from data (prompts, model names, 
 from __future__ import annotations
 
 import argparse
-import html
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.results import find
+from ..core.figures import escape, table
 from ..core.store import atomic_write_text
+from ..stats.ledger import VERDICTS
+from . import ledger as L
+from .page import FILTER_SCRIPT, figure_div, plotly_packed_script, renderer_script
 from .tables import PAPER_ATTENTION, PAPER_ROWS
 from .view import RunView
-
-PLOTLY_CONFIG = dict(displaylogo=False, responsive=True, toImageButtonOptions=dict(format="svg"))
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #1d2733;
        max-width: 1180px; margin: 0 auto; padding: 24px 32px 64px; line-height: 1.45; background: #fff; }
@@ -36,7 +37,15 @@ td.verdict { white-space: nowrap; }
 details { margin: 6px 0; font-size: 0.9em; } pre { background: #f4f6f8; padding: 8px; overflow-x: auto; }
 code, .prompt { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.9em; }
 .note { color: #5b6b7c; font-size: 0.88em; }
-"""
+h3 { font-size: 1.02em; margin: 22px 0 4px; }
+table.ledger td { vertical-align: top; } table.ledger td:first-child { min-width: 320px; }
+table.ledger .num { font-variant-numeric: tabular-nums; font-size: 0.95em; } .paper { color: #5b6b7c; }
+.tag { font-size: 0.75em; color: #5b6b7c; border: 1px solid #c9d1da; border-radius: 3px; padding: 0 3px; }
+tr.flip td:first-child { border-left: 3px solid #9a6700; } tr.group td { background: #eef2f6; font-weight: 600; }
+nav.top { position: sticky; top: 0; background: #fff; padding: 6px 0; border-bottom: 1px solid #e3e7ec; z-index: 5; }
+.filters input, .filters select { font: inherit; padding: 3px 6px; margin-right: 8px; }
+.legend span { margin-right: 14px; }
+""" + L.ledger_css()
 INTERVAL_NOTE = ("Intervals are labelled by kind: <b>resampled</b> = over fresh prompt sets drawn from the pool "
                  "(no prompt repeated); <b>bootstrap</b> = resampling prompts with replacement, the paper's statistic, "
                  "which sits above the observed share because duplicated prompts inflate PCA shares when prompts are "
@@ -45,57 +54,135 @@ INTERVAL_NOTE = ("Intervals are labelled by kind: <b>resampled</b> = over fresh 
                  "means the number has no null. Paper values as printed (Tables 1-2, §5).")
 
 
-def _e(x) -> str:
-    return html.escape(str(x))
-
-
-def table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
-          row_classes: list[str] | None = None, table_class: str = "") -> str:
-    """An HTML table; cells are escaped here, so pass raw strings."""
-    classes = classes or [""] * len(header)
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join(
-        f"<tr class=\"{(row_classes or [''] * len(rows))[i]}\">"
-        + "".join(f"<td class=\"{c}\">{_e(v)}</td>" for v, c in zip(row, classes)) + "</tr>"
-        for i, row in enumerate(rows))
-    return f"<table class=\"{table_class}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def plotly_bundle() -> str:
+    """plotly.js as a plain script (a notebook's first output; pages carry it packed, ``page.py``)."""
     import plotly.offline
 
     return f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script>"
 
 
 def page(title: str, body: str) -> str:
+    """One self-contained page: packed plotly.js, the renderer that draws the figures as they come into view."""
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
-            f"<style>{CSS}</style>{plotly_bundle()}</head><body>{body}</body></html>\n")
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>{body}{plotly_packed_script()}{renderer_script()}</body></html>\n")
+
+
+def unique_titles(figs, model: str = "") -> list[str]:
+    """Each figure's heading, naming its model or wind tunnel (``Figure.subject``) unless the title already does,
+    and numbered where two would still read the same."""
+    out, seen = [], {}
+    for f in figs:
+        title = f.title
+        where = f.subject or model
+        if where and where.lower() not in title.lower():
+            title = f"{title} — {where}"
+        seen[title] = seen.get(title, 0) + 1
+        out.append(title if seen[title] == 1 else f"{title} ({seen[title]})")
+    return out
+
+
+def _figure(f, title: str, level: str = "h2") -> str:
+    if isinstance(f.content, str):
+        content = f"<a id=\"fig-{escape(f.id)}\"></a>{f.content}"
+    else:
+        fig = f.content
+        inner = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
+        if f.subject and inner and f.subject.lower() not in inner.lower():  # the plot names its tunnel too
+            fig.update_layout(title_text=f"{f.subject}: {inner}")
+        content = figure_div(fig, f"fig-{f.id}")
+    return (f"<section class=\"fig\"><{level}>{escape(title)}</{level}>{content}"
+            f"<p class=\"caption\">{escape(f.caption)}</p></section>")
 
 
 def figure_sections(figs) -> str:
-    """Sections for Figures (plotly figures as divs without plotly.js, or HTML fragments), with a navigation bar."""
+    """Sections for Figures (plotly figures drawn by the page's renderer, or HTML fragments), with a navigation
+    bar."""
     if not figs:
         return "<p class=\"note\">No probe with a figure ran in this folder.</p>"
-    parts = ["<nav>" + "".join(f"<a href=\"#fig-{_e(f.id)}\">{_e(f.title)}</a>" for f in figs) + "</nav>"]
-    for f in figs:
-        content = f.content if isinstance(f.content, str) else f.content.to_html(
-            full_html=False, include_plotlyjs=False, div_id=f"fig-{f.id}", config=PLOTLY_CONFIG)
-        anchor = f"<a id=\"fig-{_e(f.id)}\"></a>" if isinstance(f.content, str) else ""
-        parts.append(f"<section class=\"fig\"><h2>{_e(f.title)}</h2>{anchor}{content}"
-                     f"<p class=\"caption\">{_e(f.caption)}</p></section>")
+    titles = unique_titles(figs)
+    parts = ["<nav>" + "".join(f"<a href=\"#fig-{escape(f.id)}\">{escape(t)}</a>" for f, t in zip(figs, titles)) + "</nav>"]
+    parts += [_figure(f, t) for f, t in zip(figs, titles)]
     return "".join(parts)
 
 
+def subject_label(subject: str, model: str) -> str:
+    return f"Wind tunnel {subject}" if subject else model
+
+
+def subject_sections(figs, model: str) -> tuple[str, str]:
+    """(navigation, sections): the figures grouped by what they are about, the model first, then each wind
+    tunnel, each section titled with it."""
+    if not figs:
+        return "", "<p class=\"note\">No probe with a figure ran in this folder.</p>"
+    titles = dict(zip((id(f) for f in figs), unique_titles(figs, model)))
+    subjects = sorted(dict.fromkeys(f.subject for f in figs), key=lambda s: s != "")
+    nav, parts = [], []
+    for s in subjects:
+        anchor = f"sec-{s or 'model'}"
+        nav.append(f"<a href=\"#{escape(anchor)}\">{escape(subject_label(s, model))}</a>")
+        mine = [f for f in figs if f.subject == s]
+        links = " · ".join(f"<a href=\"#fig-{escape(f.id)}\">{escape(f.title)}</a>" for f in mine)
+        parts.append(f"<h2 id=\"{escape(anchor)}\">{escape(subject_label(s, model))}</h2><p class=\"sub\">{links}</p>"
+                     + "".join(_figure(f, titles[id(f)], "h3") for f in mine))
+    return "".join(nav), "".join(parts)
+
+
+def merge_duplicates(lines: list) -> list:
+    """Summary lines that say the same thing twice merged into one: equal value and verdict, labels that differ in
+    one word (the Bayes latent and predictive entropies rank prompts alike, so their correlations coincide)."""
+    out = []
+    for line in lines:
+        prev = out[-1] if out else None
+        if prev is not None and prev.value == line.value and prev.verdict == line.verdict:
+            a, b = prev.label.split(" "), line.label.split(" ")
+            diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+            if len(a) == len(b) and len(diff) == 1 and "/" not in a[diff[0]]:
+                a[diff[0]] = f"{a[diff[0]]} / {b[diff[0]]}"
+                out[-1] = type(prev)(" ".join(a), prev.value, prev.verdict, prev.paper or line.paper)
+                continue
+        out.append(line)
+    return out
+
+
+def paper_value(key: str | None) -> str:
+    """The papers' numbers for a summary line (a key of PAPER_ROWS), one cell."""
+    if not key:
+        return ""
+    return " · ".join(f"{model}: {row[key]}" for model, row in PAPER_ROWS.items() if key in row)
+
+
 def _summary(run: RunView) -> str:
-    papers = list(PAPER_ROWS)
-    lines = run.summary()
-    if not lines:
+    """Every summary line, grouped by subject (the model, then each wind tunnel), duplicates merged, filterable;
+    a papers column only when some line has a paper number."""
+    pairs = run.summary_by_subject()
+    if not pairs:
         return "<p class=\"note\">No probe has finished in this folder yet.</p>"
-    rows = [[line.label, line.value, line.verdict] + [PAPER_ROWS[p].get(line.paper, "") if line.paper else ""
-                                                      for p in papers] for line in lines]
-    return table(["measure", f"{run.name} (this run)", "verdict"] + [f"{p} (paper)" for p in papers], rows,
-                 ["", "ours num", "verdict"] + ["paper num"] * len(papers), table_class="summary")
+    subjects = sorted(dict.fromkeys(s for s, _ in pairs), key=lambda s: s != "")
+    grouped = {s: merge_duplicates([line for t, line in pairs if t == s]) for s in subjects}
+    with_paper = any(paper_value(line.paper) for lines in grouped.values() for line in lines)
+    head = ["measure", "this run", "verdict"] + (["papers (Paper III, as printed)"] if with_paper else [])
+    body = []
+    for s in subjects:
+        label = subject_label(s, run.name)
+        body.append(f"<tr class=\"group\" data-subject=\"{escape(label)}\"><td colspan=\"{len(head)}\">{escape(label)}"
+                    f" ({len(grouped[s])})</td></tr>")
+        for line in grouped[s]:
+            cells = [(line.label, ""), (line.value, "ours num"), (line.verdict, "verdict")]
+            if with_paper:
+                cells.append((paper_value(line.paper), "paper num"))
+            body.append(f"<tr data-subject=\"{escape(label)}\">" + "".join(f"<td class=\"{c}\">{escape(v)}</td>"
+                                                                       for v, c in cells) + "</tr>")
+    options = "".join(f"<option>{escape(subject_label(s, run.name))}</option>" for s in subjects)
+    n = sum(len(v) for v in grouped.values())
+    filters = (f"<p class=\"filters\"><input id=\"rows-filter\" type=\"search\" placeholder=\"filter rows (words)\">"
+               f"<select id=\"rows-subject\"><option value=\"\">all subjects</option>{options}</select>"
+               f"<span id=\"rows-count\" class=\"note\">{n} rows</span></p>")
+    return (filters + f"<table class=\"summary\" id=\"all-rows\"><thead><tr>"
+            + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            + FILTER_SCRIPT)
 
 
 def _provenance(run: RunView) -> str:
@@ -107,24 +194,37 @@ def _provenance(run: RunView) -> str:
              ("dtype", model.get("dtype", "?")), ("layers", model.get("n_layers", "?")), ("seed", cfg.get("seed")),
              ("git commit", (env.get("git_commit") or "unknown")[:12]), ("computed", env.get("time", "?")),
              ("run folder", run.folder)]
-    line = " · ".join(f"{k}: <b>{_e(v)}</b>" for k, v in facts)
+    line = " · ".join(f"{k}: <b>{escape(v)}</b>" for k, v in facts)
     versions = ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items() if v)
     system = f"Python {env.get('python', '?')} on {env.get('platform', '?')}, {env.get('torch_threads', '?')} threads"
     done = ", ".join(f"{p.name} ({p.kind}, {p.seconds or 0:.0f} s)" for p in run.probes())
     missing = [n for n in run.order if n not in {p.name for p in run.probes()}]
-    partial = (f"<p class=\"note\"><b>Partial run:</b> not finished yet: {_e(', '.join(missing))}. Rerun the same "
+    partial = (f"<p class=\"note\"><b>Partial run:</b> not finished yet: {escape(', '.join(missing))}. Rerun the same "
                "command to resume.</p>" if missing else "")
     return (f"<p class=\"sub\">{line}</p>{partial}<details><summary>environment, config and probes</summary>"
-            f"<p>{_e(system)}; CUDA: {_e(env.get('cuda'))}</p><p>{_e(versions)}</p><p>probes: {_e(done)}</p>"
-            f"<pre>{_e(yaml.safe_dump(cfg, sort_keys=False))}</pre></details>")
+            f"<p>{escape(system)}; CUDA: {escape(env.get('cuda'))}</p><p>{escape(versions)}</p><p>probes: {escape(done)}</p>"
+            f"<pre>{escape(yaml.safe_dump(cfg, sort_keys=False))}</pre></details>")
+
+
+def verdict_legend() -> str:
+    return "<p class=\"note legend\">" + "".join(f"<span>{L.badge(v)}</span>" for v in VERDICTS) + "</p>"
 
 
 def report_body(run: RunView) -> str:
-    return (f"<h1>interp_bayes report: {_e(run.name)}</h1>{_provenance(run)}"
-            "<h2 id=\"summary\">Summary: this run beside Paper III</h2>"
+    """The ledger first (the answer), then the figures by subject, then every number, grouped and filterable."""
+    nav, sections = subject_sections(run.figures(), run.name)
+    return (f"<h1>interp_bayes report: {escape(run.name)}</h1>{_provenance(run)}"
+            f"<nav class=\"top\"><a href=\"#ledger\">Claims ledger</a>{nav}<a href=\"#summary\">All numbers</a></nav>"
+            "<h2 id=\"ledger\">Claims ledger: does this run support the papers' claims?</h2>"
+            f"{verdict_legend()}{L.ledger_table(L.collect(run), run.name)}"
+            "<p class=\"note\">Each verdict comes from one rule applied to the probe's rows (interp_bayes/stats/"
+            "ledger.py): a number against its null or interval, a deconfounded correlation's claim, or a size the "
+            "papers name. Rivals are explanations other than a Bayesian value axis.</p>"
+            f"{sections}"
+            "<h2 id=\"summary\">All numbers: this run beside Paper III</h2>"
             f"<p class=\"note\">{INTERVAL_NOTE} Every number of this run, one row each: "
             "<a href=\"results.csv\">results.csv</a> (also `interp-bayes results RUN`).</p>"
-            f"{_summary(run)}{figure_sections(run.figures())}")
+            f"{_summary(run)}")
 
 
 def build_report(run_folder: str | Path) -> Path:
@@ -141,10 +241,11 @@ def _attention(run: RunView) -> str:
 
 
 def _compare_row(run: RunView) -> list[str]:
-    lines = run.summary()
+    lines = [line for subject, line in run.summary_by_subject() if not subject]  # the model's, not a tunnel's
     by_paper = {line.paper: line.value for line in lines if line.paper}
     sula = find(run.rows(), "entropy_mae", condition="main", target="latent", subset="k>=1")
-    axis = "; ".join(f"{line.label.removeprefix('entropy axis ').split(':')[0]}: {line.value}" for line in lines
+    # each axis line whole (method, layer, what is correlated with what), duplicates merged
+    axis = "; ".join(f"{line.label.removeprefix('entropy axis ')}: {line.value}" for line in merge_duplicates(lines)
                      if line.label.startswith("entropy axis")) or "—"
     return [run.name, _attention(run), by_paper.get("mixed PC1+PC2", "—"), by_paper.get("math PC1+PC2", "—"),
             by_paper.get("key orthogonality", "—"), by_paper.get("attention focusing", "—"),
@@ -156,6 +257,16 @@ COMPARE_HEADER = ["model", "attention", "PC1+PC2 mixed", "PC1+PC2 math", "key or
 PAPER_KEYS = [None, None, "mixed PC1+PC2", "math PC1+PC2", "key orthogonality", "attention focusing", "SULA MAE", None]
 
 
+def partial_note(run: RunView) -> str:
+    """' — partial run: N of M probes finished (missing: ...)' for a run whose sweep has not finished, else ''."""
+    done = {p.name for p in run.probes()}
+    missing = [n for n in run.order if n not in done]
+    if not missing:
+        return ""
+    return (f" <b>— partial run: {len(run.order) - len(missing)} of {len(run.order)} probes finished</b> "
+            f"(missing: {escape(', '.join(missing))}; its verdicts there read “not testable here”)")
+
+
 def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     """Write a cross-model page (Paper III Table 2 layout) for ``run_folders`` to ``out_path``."""
     from .figures import compare_figures
@@ -164,9 +275,10 @@ def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     rows = [_compare_row(r) for r in runs]
     rows += [[f"{name} (paper)", PAPER_ATTENTION[name]] + [paper.get(k, "—") for k in PAPER_KEYS[2:]]
              for name, paper in PAPER_ROWS.items()]
-    sources = "".join(f"<li><b>{_e(r.name)}</b>: <code>{_e(r.folder)}</code> (seed {_e(r.config.get('seed'))}, "
-                      f"commit {_e((r.env.get('git_commit') or 'unknown')[:12])})</li>" for r in runs)
+    sources = "".join(f"<li><b>{escape(r.name)}</b>: <code>{escape(r.folder)}</code> (seed {escape(r.config.get('seed'))}, "
+                      f"commit {escape((r.env.get('git_commit') or 'unknown')[:12])}){partial_note(r)}</li>" for r in runs)
     body = (f"<h1>interp_bayes: {len(runs)} models compared</h1><ul class=\"sub\">{sources}</ul>"
+            "<h2>Claims × models</h2>" + verdict_legend() + L.matrix([(r.name, L.collect(r)) for r in runs]) +
             "<h2>Table 2 layout</h2><p class=\"note\">Shares at the last layer with 95% intervals and null "
             "means; key orthogonality over 10-90% of heads with the Gaussian null; grey rows: Paper III as "
             "printed.</p>"
@@ -194,7 +306,7 @@ class Report:
         global _BUNDLE_SHOWN
         bundle = "" if _BUNDLE_SHOWN else plotly_bundle()
         _BUNDLE_SHOWN = True
-        return f"{bundle}<div>{report_body(RunView.load(self.path.parent))}</div>"
+        return f"{bundle}<div>{report_body(RunView.load(self.path.parent))}</div>{renderer_script()}"
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -62,6 +62,12 @@ class ProbeView:
             return None
 
 
+def subject_of(probe: ProbeView) -> str:
+    """The wind tunnel a finished probe ran on ("" for the sweep's model, or a kind that cannot be loaded)."""
+    kind = probe.kind_object()
+    return "" if kind is None else str(kind.subject(probe.params_object()) or "")
+
+
 @dataclass
 class RunView:
     """A run folder read back."""
@@ -119,27 +125,41 @@ class RunView:
 
     def summary(self) -> list:
         """Summary lines of every finished probe, each computed by its kind from its rows alone."""
+        return [line for _, line in self.summary_by_subject()]
+
+    def summary_by_subject(self) -> list[tuple[str, object]]:
+        """(subject, summary line) of every finished probe: the subject is the wind tunnel the probe ran on, as
+        its kind says (``Kind.subject``), or "" for the sweep's model."""
         from ..core.plugin import Line
 
         out = []
         for p in self._probes:
             kind = p.kind_object()
             if kind is None:  # a plugin kind that is not importable here: say what it needs, show its rows as they are
-                out.append(Line(f"{p.name}: kind {p.kind} not loaded", p.load_error))
-                out += [Line(f"{p.name}: {r.metric} {r.scope}", "n/a" if r.value is None else f"{r.value:.4g}",
-                             r.verdict()) for r in p.rows]
+                out.append(("", Line(f"{p.name}: kind {p.kind} not loaded", p.load_error)))
+                out += [("", Line(f"{p.name}: {r.metric} {r.scope}", "n/a" if r.value is None else f"{r.value:.4g}",
+                                  r.verdict())) for r in p.rows]
                 continue
-            out += kind.summary(p.rows, p.params_object())
+            where = subject_of(p)
+            out += [(where, line) for line in kind.summary(p.rows, p.params_object())]
         return out
 
     def figures(self) -> list:
-        """Figures of every kind that ran, each kind drawing all its probes (in run order)."""
+        """Figures of every kind that ran, each kind drawing its probes (in run order) once per subject (the
+        model, each wind tunnel), so that every figure knows which model or tunnel it shows."""
         out, seen = [], []
         for p in self._probes:
             if p.kind not in seen:
                 seen.append(p.kind)
         for name in seen:
             kind = self.probes(name)[0].kind_object()
-            if kind is not None:
-                out += kind.figures(self.probes(name))
+            if kind is None:
+                continue
+            groups: dict[str, list[ProbeView]] = {}
+            for p in self.probes(name):
+                groups.setdefault(subject_of(p), []).append(p)
+            for where, probes in groups.items():
+                for fig in kind.figures(probes):
+                    fig.subject = fig.subject or where
+                    out.append(fig)
         return out

@@ -212,8 +212,14 @@ class Context:
             cached = (self.acts_path(label, prompts, layers=layers, readings=readings, label_tokens=label_tokens,
                                      model_id=model_id) / MANIFEST).exists()
         width = sum((dims or {}).get(r, 0) for r in readings) * len(layers)
+        key = "" if isinstance(prompts, int) else self.acts_path(label, prompts, layers=layers, readings=readings,
+                                                                 label_tokens=label_tokens, model_id=model_id).name
+        # a run of consecutive prompts from the middle of the set: sets are often ordered (e.g. by k, shortest
+        # first), and neighbours batch together as they do in the sweep
+        mid = max(0, n // 2 - CALIBRATION_PROMPTS // 2)
+        sample = [] if isinstance(prompts, int) else self.token_ids(list(prompts[mid: mid + CALIBRATION_PROMPTS]))
         return PlanItem(probe, f"activations {label}: {n} prompts, layers {list(layers)}, {', '.join(readings)}",
-                        cached, 0 if cached else n, 0 if cached else 4 * n * (width + 2))
+                        cached, 0 if cached else n, 0 if cached else 4 * n * (width + 2), key=key, sample=sample)
 
     def site_dims(self) -> dict[str, int]:
         """Widths of the readings (from the config, no weights loaded): v, z, resid, attn_entropy."""
@@ -337,14 +343,81 @@ def plan_sweep(config: SweepConfig) -> list[PlanItem]:
     ctx = Context(folder, config, lambda *_: None, dry_run=True)
     probes = load_probes(config)
     check_layers(ctx, probes)  # refused here as in a run
-    items = []
+    items, owner = [], {}
     for probe in probes:
         problem = stage_problem(folder / "probes" / probe.name, probe.key())
         what = f"probe of kind {probe.kind.name}" + (f" (damaged cache, recomputed: {problem})" if problem else "")
         items.append(PlanItem(probe.name, what, problem is None))
-        if problem is not None:
-            items += probe.kind.plan(ctx, probe.params)
+        if problem is None:
+            continue
+        for item in probe.kind.plan(ctx, probe.params):
+            item.probe = probe.name
+            if item.key and item.key in owner:  # collected once, by the first probe that needs it
+                item.what += f" (shared with {owner[item.key]})"
+                item.forwards, item.disk_bytes = 0, 0
+            elif item.key:
+                owner[item.key] = probe.name
+            items.append(item)
     return items
+
+
+@dataclass
+class Estimate:
+    """A dry run's time estimate: per probe, seconds and where they come from."""
+
+    seconds: dict[str, float]
+    source: dict[str, str]  # probe -> "recorded" (an earlier run under --out) or "throughput"
+    per_forward: float | None  # seconds per prompt forward of the sweep's model, measured now
+    calibration: str = ""
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str]:
+    """Seconds per prompt forward of the sweep's model on this machine: a short forward (after a warm-up) of the
+    first prompts of the activation set that needs the most forwards, batched as a sweep batches them; nothing is
+    written."""
+    import torch
+
+    from ..model.collect import collect
+    from ..model.loading import load_model
+
+    sets = [i for i in items if i.sample and not i.model]
+    if not sets:
+        raise ConfigError("The dry run found no activation set of the sweep's model to time; run the sweep once, "
+                          "so that later dry runs read the probes' times from its folder.")
+    big = max(sets, key=lambda i: i.forwards)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision)
+    ids = big.sample
+    collect(model, ids[:2], progress=False)  # warm-up
+    t = time.perf_counter()
+    collect(model, ids, progress=False, batch_size=config.batch_size)
+    seconds = (time.perf_counter() - t) / len(ids)
+    mean_len = sum(map(len, ids)) / len(ids)
+    return seconds, (f"{seconds * 1000:.0f} ms per prompt, timed on {len(ids)} prompts of {big.what.split(':')[0]} "
+                     f"(mean {mean_len:.0f} tokens)")
+
+
+def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | None = None,
+             calibration: str = "") -> Estimate:
+    """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
+    ``--out`` (its stage.json), else its prompt forwards on the sweep's model times ``per_forward`` (wind-tunnel
+    forwards, on models of a few thousand parameters, count as nothing)."""
+    folder = run_folder(config)
+    probes = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
+    seconds, source = {}, {}
+    for probe in probes:
+        recorded = ETA._seconds(folder, probe.probe)
+        if recorded is not None:
+            seconds[probe.probe], source[probe.probe] = recorded, "recorded"
+        elif per_forward is not None:
+            forwards = sum(i.forwards for i in items if i.probe == probe.probe and not i.model)
+            seconds[probe.probe], source[probe.probe] = forwards * per_forward, "throughput"
+    return Estimate(seconds, source, per_forward, calibration)
 
 
 def _create(folder: Path) -> Path | None:
@@ -416,8 +489,10 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 torch.set_num_threads(config.threads)
             views_current = (folder / "report.html").exists()
             try:
-                for probe in probes:
+                eta = ETA(probes, folder)
+                for i, probe in enumerate(probes, start=1):
                     pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
+                    eta.start(i, probe, say)
                     # under the stage's lock, so that a second process on this cell waits and then finds it cached
                     with stage_lock(folder, f"probe-{probe.name}",
                                     lambda: say(f"[waiting] {probe.name}: another process is computing it")):
@@ -428,6 +503,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                             views_current = False
                             _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
                     finished += 1
+                    eta.done(probe, cached=problem is None)
                     if problem is None:
                         say(f"[cached] {probe.name}")
                     else:
@@ -447,6 +523,58 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
             raise SweepInterrupted(finished, len(probes), folder) from None
         raise
     return run
+
+
+CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
+
+
+class ETA:
+    """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
+    take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
+    same model under ``--out``); one never computed here counts as the mean of those known and of the probes this
+    run has computed so far."""
+
+    def __init__(self, probes: list, folder: Path) -> None:
+        self.left = {p.name: 0.0 if stage_problem(folder / "probes" / p.name, p.key()) is None  # cached
+                     else self._seconds(folder, p.name) for p in probes}
+        self.t0, self.n = time.perf_counter(), len(probes)
+        self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
+
+    @staticmethod
+    def _seconds(folder: Path, name: str) -> float | None:
+        """What probe ``name`` took when last computed in ``folder`` or a sibling run folder (None: never)."""
+        for candidate in [folder, *sorted(p for p in folder.parent.glob("*") if p != folder)]:
+            try:
+                seconds = read_json(candidate / "probes" / name / "stage.json").get("seconds")
+            except (FileNotFoundError, NotADirectoryError, CacheError, ValueError):
+                continue
+            if seconds:
+                return float(seconds)
+        return None
+
+    def remaining(self) -> float | None:
+        known = [s for s in self.left.values() if s is not None and s > 0] + self.measured
+        if not known:
+            return 0.0 if all(s == 0 for s in self.left.values()) else None
+        mean = sum(known) / len(known)
+        return sum(s if s is not None else mean for s in self.left.values())
+
+    def start(self, i: int, probe, say) -> None:
+        left = self.remaining()
+        eta = f"ETA {_duration(left)} for this and the rest" if left is not None else "ETA unknown (first run here)"
+        say(f"probe {i}/{self.n}: {probe.name} ({eta}; {_duration(time.perf_counter() - self.t0)} so far)")
+        self.t_probe = time.perf_counter()
+
+    def done(self, probe, cached: bool) -> None:
+        self.left.pop(probe.name, None)
+        if not cached:
+            self.measured.append(time.perf_counter() - self.t_probe)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _record_text(folder: Path) -> str:

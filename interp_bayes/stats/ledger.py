@@ -1,0 +1,168 @@
+"""The claims ledger's rules: how a kind's rows become a verdict on a claim, in one fixed vocabulary
+(``VERDICTS``). The kinds choose which rule and which rows decide each of their claims (``Kind.ledger``);
+deconfounded correlations keep the verdict of ``stats.verdicts.claim`` (``from_deconfounded`` only translates it
+into this vocabulary), so there is no second verdict function for them. The ledger's views (symbols, colours,
+tables) are ``report.ledger``."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from ..core.results import Row
+
+HOLDS, WEAK, FAILS, INSEPARABLE, UNTESTABLE = "holds", "holds weakly", "does not hold", "inseparable", \
+    "not testable here"
+
+
+VERDICTS = (HOLDS, WEAK, FAILS, INSEPARABLE, UNTESTABLE)
+
+
+# stats.claim's vocabulary in the ledger's: a claim that a quantity tracks another
+_DECONFOUNDED = {"survives": HOLDS, "weakens": WEAK, "appears only within strata": WEAK, "inseparable": INSEPARABLE,
+                 "vanishes": FAILS, "no raw effect": FAILS, "reverses within strata": FAILS}
+
+
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _flat_null(row: Row) -> bool:
+    """A null with no width at the value itself: the null keeps all there is (e.g. a target that is a function
+    of the confound the null preserves), so the data cannot tell the claim from the confound."""
+    scale = max(abs(row.value), 1e-12)
+    return abs(row.null_high - row.null_low) <= 1e-6 * scale and abs(row.value - row.null_high) <= 1e-6 * scale
+
+
+def beyond_null(row: Row | None, side: str = "above") -> str:
+    """A claim that a number clears its null: ``holds`` when the value lies beyond the null's range on ``side``
+    ("above" or "below"), ``does not hold`` when within it or beyond the other side, ``inseparable`` when the null
+    is a single point at the value (nothing varies once the confound is kept), ``not testable here`` without a
+    finite value or a null."""
+    if row is None or not _finite(row.value):
+        return INSEPARABLE if row is not None and (row.note or "").startswith("the target is a function") \
+            else UNTESTABLE
+    if not (_finite(row.null_low) and _finite(row.null_high)):
+        return UNTESTABLE
+    if _flat_null(row):
+        return INSEPARABLE
+    cleared = row.value > row.null_high if side == "above" else row.value < row.null_low
+    return HOLDS if cleared else FAILS
+
+
+def not_beyond_null(row: Row | None, side: str = "above") -> str:
+    """A claim that a number stays inside its null on ``side`` (e.g. cutting the axis harms behaviour no more than
+    cutting matched random axes: the axis is a readout, not a bottleneck): the negation of ``beyond_null``."""
+    verdict = beyond_null(row, side)
+    return {HOLDS: FAILS, FAILS: HOLDS}.get(verdict, verdict)
+
+
+def from_deconfounded(claim: str | None) -> str:
+    """The verdict of a deconfounded correlation (``stats.claim``'s word, as its rows' notes carry it) on a claim
+    that the two quantities track each other beyond the confound."""
+    return _DECONFOUNDED.get((claim or "").strip(), UNTESTABLE)
+
+
+def deconfounded_claim(row: Row | None) -> str:
+    """``stats.claim``'s word from a deconfounded row's note ("...; claim survives"), "" without one."""
+    note = (row.note or "") if row is not None else ""
+    return note.rsplit("claim ", 1)[-1].strip() if "claim " in note else ""
+
+
+def interval_side(row: Row | None, side: str = "above", at: float = 0.0) -> str:
+    """A claim that a number lies on ``side`` of ``at`` (e.g. attention entropy falls with depth): ``holds`` when
+    its whole interval does, ``holds weakly`` when only the value does, ``does not hold`` otherwise."""
+    if row is None or not _finite(row.value):
+        return UNTESTABLE
+    sign = 1 if side == "above" else -1
+    if sign * (row.value - at) <= 0:
+        return FAILS
+    edge = row.low if side == "above" else row.high
+    return HOLDS if _finite(edge) and sign * (edge - at) > 0 else WEAK
+
+
+def at_least(verdict: str, value: float | None, threshold: float) -> str:
+    """``verdict`` kept when ``value`` reaches ``threshold``, else a ``holds`` demoted to ``holds weakly`` (a
+    claim of size, such as a *dominant* axis, on a number that clears its null but is small)."""
+    if verdict == HOLDS and not (_finite(value) and value >= threshold):
+        return WEAK
+    return verdict
+
+
+def below_reference(value: float | None, reference: float | None, strong: float = 0.5) -> str:
+    """A claim that an error is small against a reference error of the same run (e.g. the in-context entropy error
+    against the shuffled-label control's): ``holds`` at or under ``strong`` times the reference, ``holds weakly``
+    under the reference, ``does not hold`` otherwise."""
+    if not (_finite(value) and _finite(reference)) or reference <= 0:
+        return UNTESTABLE
+    return HOLDS if value <= strong * reference else WEAK if value < reference else FAILS
+
+
+def count_beyond(rows: Iterable[Row], side: str = "above") -> tuple[int, int]:
+    """(rows whose value clears its null on ``side``, rows that can be judged), for claims tested at several k."""
+    judged = [beyond_null(r, side) for r in rows]
+    judged = [v for v in judged if v in (HOLDS, FAILS)]
+    return sum(v == HOLDS for v in judged), len(judged)
+
+
+def none_beyond(rows: Iterable[Row], side: str = "above") -> str:
+    """A claim of *no* effect tested at several k (e.g. predictions form a martingale): ``holds`` when no k clears
+    its null, ``holds weakly`` when fewer than half do, ``does not hold`` when half or more do."""
+    hit, total = count_beyond(rows, side)
+    if total == 0:
+        return UNTESTABLE
+    return HOLDS if hit == 0 else WEAK if 2 * hit < total else FAILS
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    """The weakest of several verdicts on one claim (a claim stated at several layers holds only as far as its
+    weakest test)."""
+    order = {FAILS: 0, INSEPARABLE: 1, WEAK: 2, HOLDS: 3, UNTESTABLE: 4}
+    verdicts = list(verdicts)
+    return min(verdicts, key=order.__getitem__) if verdicts else UNTESTABLE
+
+
+def fmt(row: Row | None, digits: int = 3, pct: bool = False) -> str:
+    """'value (interval) vs null [range]', the decisive number as the ledger shows it."""
+    if row is None or row.value is None:
+        return "—"
+
+    def num(x):
+        if not _finite(x):
+            return "NaN"
+        return f"{100 * x:.1f}%" if pct else f"{x:.{digits}g}"
+    text = num(row.value)
+    if _finite(row.low) and _finite(row.high):
+        text += f" ({(row.interval or 'interval').replace(' 95%', '')} {num(row.low)}, {num(row.high)})"
+    if _finite(row.null_low) and _finite(row.null_high):
+        text += f" vs {(row.null or 'null').split(' (')[0]} null [{num(row.null_low)}, {num(row.null_high)}]"
+    return text
+
+
+def exceeds(a: Row | None, b: Row | None) -> str:
+    """A claim that ``a`` is larger than ``b`` (two numbers of one run): ``holds`` when ``a``'s interval lies
+    wholly above ``b``'s, ``holds weakly`` when only the value does, ``does not hold`` otherwise."""
+    if a is None or b is None or not (_finite(a.value) and _finite(b.value)):
+        return UNTESTABLE
+    if a.value <= b.value:
+        return FAILS
+    return HOLDS if _finite(a.low) and _finite(b.high) and a.low > b.high else WEAK
+
+
+def small_beside_null(row: Row | None, ceiling: float) -> str:
+    """A claim that a number is small (e.g. keys are near-orthogonal, mean |cos| low): ``holds`` when it is within
+    or below its null (as small as chance), ``holds weakly`` when above its null but at most ``ceiling``, ``does
+    not hold`` above ``ceiling``."""
+    verdict = not_beyond_null(row, "above")
+    if verdict == FAILS and row.value <= ceiling:
+        return WEAK
+    return verdict
+
+
+def magnitude(value: float | None, strong: float, weak: float, larger: bool = True) -> str:
+    """A claim of size without a null of its own: ``holds`` at ``strong`` or beyond, ``holds weakly`` at ``weak``
+    or beyond, ``does not hold`` otherwise (``larger=False``: small is the claim, e.g. an error in bits)."""
+    if not _finite(value):
+        return UNTESTABLE
+    sign = 1 if larger else -1
+    return HOLDS if sign * (value - strong) >= 0 else WEAK if sign * (value - weak) >= 0 else FAILS

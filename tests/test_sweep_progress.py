@@ -1,0 +1,62 @@
+"""The sweep's progress lines: "probe i/N: NAME" with an ETA that comes from the seconds an earlier run recorded
+(unknown on a first run; nothing for probes that are cached)."""
+
+import re
+
+import yaml
+
+from interp_bayes.run.config import SweepConfig
+from interp_bayes.run.sweep import run_sweep
+
+
+def test_progress_says_probe_i_of_n_with_an_eta(tiny_dirs, tmp_path, capsys):
+    probes = []
+    for name, spec in (("keys", dict(kind="keys", n_null=5)), ("focusing", dict(kind="focusing", per_bin=2,
+                                                                                n_boot=20))):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+        probes.append(str(tmp_path / f"{name}.yaml"))
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=False,
+                         probes=probes)
+    run_sweep(config)
+    first = capsys.readouterr().out
+    assert re.search(r"^probe 1/2: keys \(ETA unknown \(first run here\); 0s so far\)$", first, re.M), first
+    assert re.search(r"^probe 2/2: focusing \(ETA \d+s for this and the rest; ", first, re.M), first
+    # a second model under the same --out: the probes' recorded seconds give the ETA from the start
+    run_sweep(config.override(seed=1))
+    second = capsys.readouterr().out
+    assert re.search(r"^probe 1/2: keys \(ETA \d+s for this and the rest; 0s so far\)$", second, re.M), second
+    run_sweep(config)  # all cached: nothing left to wait for
+    assert re.search(r"^probe 1/2: keys \(ETA 0s for this and the rest", capsys.readouterr().out, re.M)
+
+
+def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path):
+    from interp_bayes.run.sweep import calibrate, estimate, plan_sweep
+
+    specs = dict(mixed=dict(kind="manifold", per_bin=4, n_boot=20, n_null=5),
+                 code=dict(kind="manifold", per_bin=2, n_boot=20, n_null=5),
+                 decoding=dict(kind="decoding", per_k=2, layers=[1], n_null=2, n_boot=10),
+                 martingale=dict(kind="martingale", per_k=2, ks=[1, 2], n_null=5, n_boot=10),
+                 neurons=dict(kind="entropy_neurons", n_prompts=8, per_k=2, top_n=2, n_random=2))
+    probes = []
+    for name, spec in specs.items():
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+        probes.append(str(tmp_path / f"{name}.yaml"))
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
+                         probes=probes)
+    items = plan_sweep(config)
+    pools = [i for i in items if i.what.startswith("activations pool-basic")]
+    assert len(pools) == 3 and pools[0].forwards == 64 and pools[0].probe == "mixed"  # once, by the first
+    assert all(i.forwards == 0 and "(shared with mixed)" in i.what for i in pools[1:])
+    assert {i.probe for i in items if i.forwards} >= {"mixed", "decoding", "martingale", "neurons"}
+    per_probe = {name: sum(i.forwards for i in items if i.probe == name) for name in specs}
+    assert per_probe["martingale"] == 2 * 2 * (6 + 2 * 4 + 1)  # contexts x (orders + 2 x draws + 1)
+    est = estimate(config, items, per_forward=0.5)
+    assert est.seconds == {name: 0.5 * n for name, n in per_probe.items()} and set(est.source.values()) == \
+        {"throughput"}
+    seconds, how = calibrate(config, items)
+    assert 0 < seconds < 60 and "ms per prompt" in how
+    assert not (tmp_path / "runs").exists()  # the plan and the calibration wrote nothing
+    run_sweep(config.override(probes=probes[:1]))  # an earlier run under --out records mixed's time
+    other = config.override(seed=3)
+    est = estimate(other, plan_sweep(other), per_forward=0.5)
+    assert est.source["mixed"] == "recorded" and est.source["code"] == "throughput"
