@@ -190,9 +190,6 @@ def last_layer(rows: list[Row], metric: str = "pc1_share") -> int | None:
     return max(layers) if layers else None
 
 
-def finite(x) -> bool:
-    return x is not None and bool(np.isfinite(x))
-
 
 def claims_from(probes, metric: str, claim) -> list:
     """The ledger entries of probes decided by one row each: ``claim(probe, row)`` -> Claim for every probe that

@@ -411,7 +411,7 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
     probes = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
     seconds, source = {}, {}
     for probe in probes:
-        recorded = ETA._seconds(folder, probe.probe)
+        recorded = recorded_seconds(folder, probe.probe)
         if recorded is not None:
             seconds[probe.probe], source[probe.probe] = recorded, "recorded"
         elif per_forward is not None:
@@ -528,6 +528,18 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
 CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
 
 
+def recorded_seconds(folder: Path, name: str) -> float | None:
+    """What probe ``name`` took when last computed in ``folder`` or a sibling run folder (None: never)."""
+    for candidate in [folder, *sorted(p for p in folder.parent.glob("*") if p != folder)]:
+        try:
+            seconds = read_json(candidate / "probes" / name / "stage.json").get("seconds")
+        except (FileNotFoundError, NotADirectoryError, CacheError, ValueError):
+            continue
+        if seconds:
+            return float(seconds)
+    return None
+
+
 class ETA:
     """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
@@ -536,21 +548,9 @@ class ETA:
 
     def __init__(self, probes: list, folder: Path) -> None:
         self.left = {p.name: 0.0 if stage_problem(folder / "probes" / p.name, p.key()) is None  # cached
-                     else self._seconds(folder, p.name) for p in probes}
+                     else recorded_seconds(folder, p.name) for p in probes}
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
-
-    @staticmethod
-    def _seconds(folder: Path, name: str) -> float | None:
-        """What probe ``name`` took when last computed in ``folder`` or a sibling run folder (None: never)."""
-        for candidate in [folder, *sorted(p for p in folder.parent.glob("*") if p != folder)]:
-            try:
-                seconds = read_json(candidate / "probes" / name / "stage.json").get("seconds")
-            except (FileNotFoundError, NotADirectoryError, CacheError, ValueError):
-                continue
-            if seconds:
-                return float(seconds)
-        return None
 
     def remaining(self) -> float | None:
         known = [s for s in self.left.values() if s is not None and s > 0] + self.measured
