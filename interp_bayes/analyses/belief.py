@@ -33,7 +33,6 @@ from ..model.collect import PROBE_READINGS, query_readings
 from ..stats.probe import FLOOR, belief_probe
 
 
-
 @dataclass
 class BeliefProbeResult:
     """Tidy rows, one per (model, target, reading, layer): r2 with its interval and shuffled null, kl_bits."""

@@ -13,8 +13,10 @@ Controls, each a seeded family of draws (one generator per (seed, family, layer,
 from __future__ import annotations
 
 from typing import Callable
+
 import numpy as np
 import torch
+
 from ..core.errors import InterventionError
 from ..model.edits import orthonormal_rows, unit_direction
 from ..stats import as_float64

@@ -11,10 +11,9 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.results import Row
-from ..stats import as_float64
-from ..stats import bootstrap, interval, percentile_of
 from ..model.edits import OPS, make_op, resolve_edits
 from ..model.prefix import EditedRun, edited_runs
+from ..stats import as_float64, bootstrap, interval, percentile_of
 from .controls import CONTROL_FAMILIES, FULL_CONTROLS, control_directions
 
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")  # what ``summarize`` reports by default

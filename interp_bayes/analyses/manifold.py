@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..stats import as_float64
 from ..stats.pca import (bootstrap_shares, correlations, null_shares, participation_ratio, pca, shares, spearman,
-    spectrum)
+                         spectrum)
 
 
 def manifold_summary(values, entropy) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
+
 import torch
 
 from ..core.errors import InterventionError

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from typing import Any
+
 import numpy as np
 import torch
-from .calibration import kl_bits
+
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2
-
+from .calibration import kl_bits
 
 FLOOR = 1e-3
 
