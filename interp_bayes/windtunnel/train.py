@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from ..core.store import atomic_write_text
 from .configs import PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params, n_positions
 from .evaluate import evaluate_windtunnel
 from .table import task_entry
@@ -52,9 +52,7 @@ def save_folder(model: nn.Module, cfg: TrainConfig, task: Any, folder: Path, ext
     model.save_pretrained(folder)
     save_tokenizer(task.vocab, folder)
     meta = {"config": cfg.to_dict(), "n_params": n_params(model), **extra}
-    tmp = folder / "windtunnel.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, folder / "windtunnel.json")
+    atomic_write_text(folder / "windtunnel.json", json.dumps(meta, indent=2))
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
