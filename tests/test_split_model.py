@@ -151,7 +151,7 @@ def test_bad_device_maps_are_refused_with_the_fix(tiny_dirs, tmp_path):
 
 
 @pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="geometry.key_orthogonality reads block.attn.W_K directly; TransformerLens refuses to read "
+                   reason="analyses.keys.key_orthogonality reads block.attn.W_K directly; TransformerLens refuses to read "
                           "the weights of a disk-offloaded layer (they are on the meta device) unless they are "
                           "materialised first (its align_offloaded_subtree). Weights on GPUs are resident and read.")
 def test_key_orthogonality_of_a_disk_offloaded_layer(tiny_dirs, tmp_path):
