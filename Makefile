@@ -10,7 +10,7 @@ ARGS   ?=
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser test test-slow sweep bench train-paper clean
+.PHONY: setup browser test test-slow sweep bench train-paper gpu-wheels gpu-run clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,28 @@ train-paper: $(STAMP)
 	$(TRAIN) hmm --preset sticky-paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/hmm-sticky-paper-mlp $(ARGS)
 	$(PY) examples/windtunnel_analyses.py --out $(WT_OUT)/analyses --checkpoints $(WT_OUT)/bijection-paper \
 	  $(WT_OUT)/hmm-paper $(WT_OUT)/hmm-sticky-paper
+
+# The prepared one-GPU run of issue 29 (bench/gpu_run.py: wind tunnels to paper accuracy, real-size benchmarks,
+# placement; at most 8 minutes on one H200), results in $(GPU_OUT)/. On a GPU machine without network whose python3
+# has torch and transformers, run `bash bench/gpu_run.sh` with wheels/ beside it: `make gpu-wheels` fills wheels/
+# here (where the registry is reachable) with the locked versions of what that machine lacks (transformer-lens and
+# the dependencies it imports; transformers at the lock's version) for CPython 3.12 on x86-64 Linux, and SmolLM2's
+# tokenizer for the random-init shapes; about 17 MB. `make gpu-run ARGS=--tiny` runs it all on the CPU at tiny sizes.
+GPU_OUT    ?= reports/gpu-run
+GPU_WHEELS := transformer-lens datasets dill multiprocess beartype fancy-einsum typeguard transformers
+gpu-wheels: $(STAMP)
+	@for p in $(GPU_WHEELS); do grep -qi "^$$p==" requirements/lock.txt || \
+	  { echo "$$p is not pinned in requirements/lock.txt; pin it there first." >&2; exit 2; }; done
+	rm -rf wheels && mkdir -p wheels
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheels \
+	  $$(for p in $(GPU_WHEELS); do grep -i "^$$p==" requirements/lock.txt; done)
+	$(PY) -c "from transformers import AutoTokenizer; from interp_bayes.model.loading import resolve; \
+	  AutoTokenizer.from_pretrained(resolve('smollm2-135m')[0]).save_pretrained('wheels/tokenizer')"
+	@du -sh wheels
+
+gpu-run: $(STAMP)
+	PY=$(PY) OUT=$(GPU_OUT) bash bench/gpu_run.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -29,6 +29,7 @@ from ..tasks.kalman import KalmanTask
 
 TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask}
 MLP_MODEL_TYPE = "windtunnel_mlp"
+AUTOCAST = ("none", "bfloat16")  # TrainConfig.autocast
 
 
 @dataclass
@@ -62,6 +63,10 @@ class TrainConfig:
     final_eval_n: int = 2000  # held-out sequences per length of the final evaluation (windtunnel.json)
     log_every: int = 25
     seed: int = 0
+    autocast: str = "none"  # "none": float32 throughout | "bfloat16": forward under bf16 autocast, output head in fp32
+    # 0: batches drawn in turn from one seeded stream; N > 0: batch ``step`` drawn from seed [seed, 1, step] by N
+    # worker processes ahead of the step (another stream: a GPU consumes batches faster than one core draws them)
+    data_workers: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -76,7 +81,13 @@ class TrainConfig:
         for key in ("length_schedule", "task_curriculum"):
             if key in d:
                 d[key] = [tuple(x) for x in d[key]]
-        return cls(**d)
+        cfg = cls(**d)
+        if cfg.autocast not in AUTOCAST:
+            raise ConfigError(f"Unknown autocast {cfg.autocast!r}; use one of {', '.join(AUTOCAST)}.")
+        if cfg.data_workers < 0:
+            raise ConfigError(f"data_workers={cfg.data_workers}: give 0 (draw batches in the training process) or a "
+                              "positive number of worker processes.")
+        return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,10 +155,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # emissions peaked on the state's own symbol (0.50..0.70): the variant where the last four observations are not
 # enough and the matrices sit at fixed header positions (docs/windtunnels.md). Same shapes as the HMM presets.
 STICKY = dict(transitions="sticky", emissions="peaked", peak_cents=[50, 70], symbol_map="identity")
+# One GPU, about 3 minutes a run (bench/gpu_run.py caps ``steps`` by the step time it measures): the paper's stated
+# 2.68M-parameter size (6 layers, d 192: the paper-shape 7.4M model would not come back from the device machine,
+# which returns files of at most 16 MiB), bf16 autocast, batches of 1024 fresh HMMs drawn by 12 worker processes,
+# positions to 160 so that K = 50 (153 tokens) is in range; no intermediate checkpoints (-1 is never reached).
+GPU = dict(n_layers=6, n_heads=6, d_model=192, d_ff=768, n_positions=160, steps=8000, batch_size=1024, lr=1e-3,
+           warmup=300, weight_decay=0.01, loss="soft", eval_every=500, log_every=50, checkpoints=[-1],
+           autocast="bfloat16", data_workers=12)
 PRESETS["hmm"] |= {
     "sticky-paper": PRESETS["hmm"]["paper"] | dict(task_kwargs=STICKY),
     "sticky-cpu": PRESETS["hmm"]["cpu"] | dict(task_kwargs=STICKY),
     "sticky-tiny": PRESETS["hmm"]["tiny"] | dict(task_kwargs=STICKY | dict(n_steps=8)),
+    "gpu": GPU,
+    "sticky-gpu": GPU | dict(task_kwargs=STICKY),
 }
 
 

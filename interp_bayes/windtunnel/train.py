@@ -14,10 +14,14 @@ Output folder::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -26,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..core.store import atomic_write_text
+from ..tasks.base import from_worker, sample_in_worker
 from .configs import PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params, n_positions
 from .evaluate import evaluate_windtunnel
 from .table import task_entry
@@ -87,24 +92,89 @@ def train_step(
     return loss.item(), optimizer_step(model, opt, sched, loss, cfg.clip)
 
 
+def batches(cfg: TrainConfig, sample: Callable[[int, np.random.Generator], Any],
+            draw: Callable[[int], tuple[Any, int | None]] | None) -> Iterator[Any]:
+    """The training batches in step order. ``data_workers == 0``: ``sample(step, rng)`` in turn from one stream
+    seeded [seed, 1]. Otherwise batch ``step`` is ``task.sample(batch_size, seed=[seed, 1, step], length=length)``
+    with ``(task, length) = draw(step)``, drawn by that many spawned processes, ``2 * data_workers`` steps ahead
+    (spawned, not forked: the parent may hold CUDA state; so a script that trains with workers needs the
+    ``if __name__ == "__main__":`` guard)."""
+    if cfg.data_workers == 0 or draw is None:
+        rng = np.random.default_rng([cfg.seed, 1])
+        for step in range(cfg.steps):
+            yield sample(step, rng)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(cfg.data_workers, mp_context=ctx) as pool:
+        pending: deque = deque()
+        ahead = iter(range(cfg.steps))
+        for step in ahead:
+            pending.append(pool.submit(sample_in_worker, *_drawn(draw, step, cfg)))
+            if len(pending) >= 2 * cfg.data_workers:
+                break
+        for step in range(cfg.steps):
+            batch = from_worker(pending.popleft().result())
+            nxt = next(ahead, None)
+            if nxt is not None:
+                pending.append(pool.submit(sample_in_worker, *_drawn(draw, nxt, cfg)))
+            try:
+                yield batch
+            except GeneratorExit:  # closed early (a failed step): drop the batches drawn ahead
+                pool.shutdown(cancel_futures=True)
+                raise
+
+
+def _drawn(draw: Callable[[int], tuple[Any, int | None]], step: int, cfg: TrainConfig) -> tuple:
+    task, length = draw(step)
+    return task, cfg.batch_size, [cfg.seed, 1, step], length
+
+
+@contextlib.contextmanager
+def autocast(model: nn.Module, cfg: TrainConfig) -> Iterator[None]:
+    """The forward's precision: nothing for ``autocast="none"``; for "bfloat16", torch's bf16 autocast with the
+    output head (``get_output_embeddings``, where the model has one) kept in float32, since a bf16 logit of size 8
+    is rounded to 1/16, a KL floor near 1e-4 bits, the size of the differences the HMM tunnels are judged by."""
+    if cfg.autocast == "none":
+        yield
+        return
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    device_type = next(model.parameters()).device.type
+    if head is not None:
+        original = head.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(device_type, enabled=False):
+                return original(x.float())
+
+        head.forward = forward
+    try:
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            yield
+    finally:
+        if head is not None:
+            del head.forward  # the class's own forward again
+
+
 def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Callable[[int, np.random.Generator], Any],
         step_loss: Callable[[Any], torch.Tensor], evaluate: Callable[[], dict], length: Callable[[Any], int],
-        postfix: tuple[str, str], quiet: bool) -> tuple[float, float]:
-    """The loop every wind tunnel shares: a fresh batch per step (``sample(step, rng)``), AdamW with the schedule,
-    clipping, checkpoints, one JSON line per logged step (``length(batch)`` tokens, wall and CPU time) with the
-    held-out metrics of ``evaluate()`` every ``eval_every`` steps, and a bar showing ``postfix`` = (label, metric).
-    Returns (wall, CPU) seconds: wall time is inflated on shared cores, CPU time is not."""
+        postfix: tuple[str, str], quiet: bool,
+        draw: Callable[[int], tuple[Any, int | None]] | None = None) -> tuple[float, float]:
+    """The loop every wind tunnel shares: a fresh batch per step (``sample(step, rng)``, or with ``data_workers``
+    from worker processes: see ``batches``), AdamW with the schedule, clipping, checkpoints, the forward under the
+    config's ``autocast``, one JSON line per logged step (``length(batch)`` tokens, wall and CPU time) with the
+    held-out metrics of ``evaluate()`` (float32) every ``eval_every`` steps, and a bar showing ``postfix`` =
+    (label, metric). Returns (wall, CPU) seconds: wall time is inflated on shared cores, CPU time is not."""
     opt, sched = make_optimizer(model, cfg)
-    data_rng = np.random.default_rng([cfg.seed, 1])
     ckpts = set(cfg.checkpoint_steps())
     start, cpu_start = time.perf_counter(), time.process_time()
     bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
-    with (out / "metrics.jsonl").open("w") as log:
+    with contextlib.closing(batches(cfg, sample, draw)) as stream, (out / "metrics.jsonl").open("w") as log:
         for step in bar:
             if step in ckpts:
                 save_folder(model, cfg, task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
-            batch = sample(step, data_rng)
-            loss = step_loss(batch)
+            batch = next(stream)
+            with autocast(model, cfg):
+                loss = step_loss(batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{cfg.task} training loss is {loss.item()} at step {step}; lower lr or "
                                          "raise warmup.")
@@ -135,6 +205,7 @@ def train_task(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, quie
         model, cfg, task, out, quiet=quiet, step_loss=lambda batch: entry.loss(model, task, batch, cfg.loss),
         sample=lambda step, rng: task_at(step, task, curriculum).sample(cfg.batch_size, seed=rng,
                                                                         length=length_at(step, cfg)),
+        draw=lambda step: (task_at(step, task, curriculum), length_at(step, cfg)),
         evaluate=lambda: entry.held_out(model, task, eval_batch), length=entry.batch_length, postfix=entry.progress)
     model.eval()
     npos = n_positions(cfg, task)
