@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from interp_bayes.analyses.p4b import P4bResult, answer, p4b
+from interp_bayes.analyses.p4b import P4bResult, answer, decoding_verdict, p4b
 from interp_bayes.core.errors import ConfigError
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in saved:
             d = json.loads(path.read_text())
             name = path.parent.name
+            for row in d["decoding"]:  # the verdicts of the current rules
+                row["verdict"] = decoding_verdict(row)
             print(tables(P4bResult(d["decoding"], d["ablations"], d["geometry"],
                                    answer(d["decoding"], d["ablations"], name), d["meta"])))
         return 0

@@ -163,3 +163,12 @@ def test_p4b_end_to_end_on_a_tiny_tunnel(tmp_path):
     assert res.summary["reading"] == "position"
     frame = next(a for a in res.ablations if a["subspace"] == "frame-embed")
     assert frame["k"] == 6  # the six hypothesis tokens
+
+
+def test_a_negative_r2_never_decodes_even_above_its_null():
+    from interp_bayes.analyses.p4b import decoding_verdict
+    from interp_bayes.stats.ledger import FAILS, HOLDS
+
+    row = dict(r2=-0.0001, null_range=[-0.0017, -0.0003], note=None)  # the rotary model's embedding layer
+    assert decoding_verdict(row) == FAILS
+    assert decoding_verdict(dict(row, r2=0.2)) == HOLDS

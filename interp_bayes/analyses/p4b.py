@@ -46,7 +46,7 @@ from ..model.edits import SubspaceCut, intervene
 from ..stats import as_float64, centre_within, covariate_basis
 from ..stats.clusters import cluster_count
 from ..stats.pca import pca
-from ..stats.ledger import beyond_null, not_beyond_null
+from ..stats.ledger import FAILS, HOLDS, beyond_null, not_beyond_null
 from ..tasks.base import entropy_bits
 from ..windtunnel.discrete import restricted_log_probs
 from .axis import fit_direction
@@ -153,9 +153,9 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
                  "position decodable": _decodability(x, position, site=site, layer=layer, shuffle="rows",
                                                      target="position", **kw)}
         for test, row in tests.items():
-            decoding.append(dict(model=folder.name, layer=label, test=test, target=row.scope["target"],
-                                 r2=row.value, r2_ci=[row.low, row.high], null=row.null,
-                                 null_range=[row.null_low, row.null_high], note=row.note, verdict=beyond_null(row)))
+            d = dict(model=folder.name, layer=label, test=test, target=row.scope["target"], r2=row.value,
+                     r2_ci=[row.low, row.high], null=row.null, null_range=[row.null_low, row.null_high], note=row.note)
+            decoding.append(d | dict(verdict=decoding_verdict(d)))
         named = {"entropy-axis": fit_direction(xq, entropy, "ridge")[None],
                  "position-axis": fit_direction(xq, position, "ridge")[None]}
         if within_varies:
@@ -179,6 +179,14 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
                 base=dict(mae_bits=float(base[0].mean()), kl_bits=float(base[1].mean())), authors=AUTHORS)
     geo = final_geometry(readings, entropy, groups, seed=seed) if geometry else {}
     return P4bResult(decoding, ablations, geo, answer(decoding, ablations, folder.name), meta, all_rows)
+
+
+def decoding_verdict(d: dict) -> str:
+    """A decodability row's verdict: ``beyond_null`` of its R², and never "holds" for an R² at or below 0 (a
+    decoder worse than the mean decodes nothing, whatever its null; the decoding curve's own rule)."""
+    row = Row("decoding_r2", d["r2"], null_low=d["null_range"][0], null_high=d["null_range"][1], note=d["note"])
+    verdict = beyond_null(row)
+    return FAILS if verdict == HOLDS and row.value <= 0 else verdict
 
 
 def ablation_row(s: dict, model: str, label: str) -> dict:
