@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from interp_bayes.analyses.p4b import P4bResult, answer, decoding_verdict, p4b
+from interp_bayes.analyses.p4b import P4bResult, ablation_verdicts, answer, cost_tolerance, decoding_verdict, p4b
 from interp_bayes.core.errors import ConfigError
+from interp_bayes.tasks.bijection import BijectionTask
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
 
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             name = path.parent.name
             for row in d["decoding"]:  # the verdicts of the current rules
                 row["verdict"] = decoding_verdict(row)
+            tol = cost_tolerance(BijectionTask(**d["meta"]["task_kwargs"]).n_symbols)
+            for row in d["ablations"]:
+                row["inert"], row["load_bearing"] = ablation_verdicts(row["cost"], row["matched_range"], tol)
             print(tables(P4bResult(d["decoding"], d["ablations"], d["geometry"],
                                    answer(d["decoding"], d["ablations"], name), d["meta"])))
         return 0

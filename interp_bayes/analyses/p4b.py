@@ -22,8 +22,9 @@ c. **frame ablations**: ``frame-embed``, the authors' frame (the span of the mea
    hypothesis token, uncentred, k = H: for GPT-2 the token's embedding plus the mean position embedding), applied at
    every layer as they do; and ``analyses.subspaces.fit_subspaces``'s frames at each layer (belief readout, top
    PCs, hypothesis-token means), each against matched controls of its own dimension;
-d. a verdict per row from the ledger's rules (``stats.ledger``): decodability ``beyond_null``; "inert" is
-   ``not_beyond_null`` of the cost against the matched controls' range, "load-bearing" ``beyond_null``.
+d. a verdict per row from the ledger's rules (``stats.ledger``): decodability ``beyond_null`` (never at R² <= 0);
+   "inert" is ``not_beyond_null`` of the cost against the matched controls' range, "load-bearing" ``beyond_null``,
+   a cost within float32 rounding of 0 (``cost_tolerance``) never load-bearing.
 
 With replacement (``bijection-repl-cpu``) a repeated key makes the posterior a delta wherever it sits, so the
 entropy varies within a position and the two readings separate. Geometry of the final layer (``geometry``): PC1
@@ -55,6 +56,9 @@ from .manifold import manifold_report
 from .subspaces import ablation_costs, every_position, fit_subspaces, sequence_losses, top_rows
 
 EMBED = "embed"
+# a KL is a mean of differences of float32 log-probabilities: a cost within this many of their ulps (in bits) of 0
+# is rounding (the per-position MLP's cuts move its KL by 1e-7..1e-5 bits, both ways)
+COST_ULPS = 100
 # the authors' numbers (phase3_summary.json of the reference code: bijection V = 20 without replacement, the
 # embedding layer, the best-fitting axis): entropy-axis R², axis-ablation and frame-ablation calibration change
 # (their calibration is the entropy MAE in bits, not a KL)
@@ -125,6 +129,7 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
     by_position = covariate_basis({"position": position})
     within_varies = np.ptp(centre_within(entropy, position)) > 1e-9 * np.abs(entropy).max()
     kw = dict(n_layers=n_layers, groups=groups, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed)
+    tol = cost_tolerance(H)
 
     def run(site: str, layer: int, op=None) -> tuple[np.ndarray, np.ndarray]:
         with torch.no_grad(), intervene(model, {layer: op} if op is not None else {}, site=site):
@@ -170,12 +175,12 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
                                            n_matched=n_controls, seed=seed, scope=dict(model=folder.name,
                                                                                        site=site), bar=bar)
         all_rows += got_rows
-        ablations += [ablation_row(s, folder.name, label) for s in summary]
+        ablations += [ablation_row(s, folder.name, label, tol) for s in summary]
     bar.close()
     meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, arch=cfg.arch,
                 positions=getattr(cfg, "positions", "learned"), n_layers=n_layers, n_fit=n_fit, n_eval=n_eval,
                 n_controls=n_controls, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed,
-                entropy_varies_within_position=bool(within_varies),
+                entropy_varies_within_position=bool(within_varies), cost_tolerance_bits=tol,
                 base=dict(mae_bits=float(base[0].mean()), kl_bits=float(base[1].mean())), authors=AUTHORS)
     geo = final_geometry(readings, entropy, groups, seed=seed) if geometry else {}
     return P4bResult(decoding, ablations, geo, answer(decoding, ablations, folder.name), meta, all_rows)
@@ -189,18 +194,33 @@ def decoding_verdict(d: dict) -> str:
     return FAILS if verdict == HOLDS and row.value <= 0 else verdict
 
 
-def ablation_row(s: dict, model: str, label: str) -> dict:
-    """One ablation summary (``subspaces.summarise_costs``) with its verdicts: inert (its cost inside the matched
-    controls' range or below) and load-bearing (above it)."""
-    row = Row("ablation_cost", s["true_cost"], "bits", low=s["true_cost_ci"][0], high=s["true_cost_ci"][1],
-              null_low=s.get("matched_range", [None, None])[0], null_high=s.get("matched_range", [None, None])[1])
+def cost_tolerance(n_hypotheses: int) -> float:
+    """Bits below which a change of mean KL is float32 rounding, not an effect: ``COST_ULPS`` float32 ulps of the
+    largest log-probability in bits (log2 H); about 5e-5 bits for H = 20."""
+    return COST_ULPS * float(torch.finfo(torch.float32).eps) * float(np.log2(n_hypotheses))
+
+
+def ablation_verdicts(cost: float, matched_range, tol: float) -> tuple[str, str]:
+    """(inert, load-bearing) of a cut costing ``cost`` bits beside its matched controls' 95% range: inert when the
+    cost is not above the range (``not_beyond_null``), load-bearing when it is (``beyond_null``); a cost within
+    ``tol`` of 0, or of the range, is rounding and never load-bearing."""
+    low, high = (None, None) if matched_range is None else matched_range
+    if abs(cost) <= tol:
+        return HOLDS, FAILS
+    row = Row("ablation_cost", cost, "bits", null_low=None if low is None else low - tol,
+              null_high=None if high is None else high + tol)
+    return not_beyond_null(row), beyond_null(row)
+
+
+def ablation_row(s: dict, model: str, label: str, tol: float) -> dict:
+    """One ablation summary (``subspaces.summarise_costs``) with its verdicts (``ablation_verdicts``)."""
+    inert, load_bearing = ablation_verdicts(s["true_cost"], s.get("matched_range"), tol)
     return dict(model=model, layer=label, subspace=s["subspace"], k=s["k"], metric=s["metric"],
                 cost=s["true_cost"], cost_ci=s["true_cost_ci"], matched_mean=s.get("matched_mean"),
                 matched_range=s.get("matched_range"), matched_p=s.get("matched_p"),
                 matched_percentile=s.get("matched_percentile"), isotropic_mean=s.get("isotropic_mean"),
                 isotropic_range=s.get("isotropic_range"), isotropic_p=s.get("isotropic_p"),
-                variance_ratio=s.get("matched_variance_ratio_mean"), inert=not_beyond_null(row),
-                load_bearing=beyond_null(row))
+                variance_ratio=s.get("matched_variance_ratio_mean"), inert=inert, load_bearing=load_bearing)
 
 
 def answer(decoding: list[dict], ablations: list[dict], model: str) -> dict:
