@@ -43,7 +43,7 @@ import torch
 from ..core.errors import ConfigError
 from ..core.results import Row
 from ..model.collect import Activations, query_readings
-from ..model.edits import SubspaceCut, intervene
+from ..model.edits import intervene
 from ..stats import as_float64, centre_within, covariate_basis
 from ..stats.clusters import cluster_count
 from ..stats.pca import pca
