@@ -38,7 +38,7 @@ READING_RTOL = 1e-5
 
 
 def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5, n_null: int = 20, alphas=ALPHAS,
-                          seed: int = 0) -> dict:
+                          seed: int = 0, shuffle: str = "groups") -> dict:
     """Held-out ridge predictions and PC1-axis projections of ``y`` from ``x`` ([n, d]), cross-fitted over K folds
     of whole ``groups`` (``stats.group_folds``; None: every row its own group).
 
@@ -52,11 +52,12 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
     nulls as low). Returns ``y`` (the target, residualised per fold when ``covariates`` are given), ``ridge``
     (held-out predictions), ``axis`` (held-out projections on the training folds' PC1 axis, centred on the training
     mean) and ``null_r2`` (the ridge R^2 for ``n_null`` shuffled targets, whole groups moved where they are of one
-    size, the same folds). The shuffled targets are fitted together with the real one (a penalty per target)."""
+    size, the same folds; ``shuffle="rows"``: rows shuffled freely, the null of "decodable at all", which keeps
+    nothing of position). The shuffled targets are fitted together with the real one (a penalty per target)."""
     x, y = as_float64(x), as_float64(y)
     # the null moves whole groups where it can (a wind tunnel's sequences, each row keeping its position), so the
     # shuffled target keeps the real one's structure within a group; otherwise it shuffles rows
-    perms = group_permutations(groups, n_null, [seed, 1]) if groups is not None else None
+    perms = group_permutations(groups, n_null, [seed, 1]) if groups is not None and shuffle == "groups" else None
     null = NULL_WHOLE_GROUPS if perms is not None else NULL_ROWS
     if perms is None:
         perms = permutations(len(y), n_null, seed)
@@ -130,10 +131,11 @@ class DecodingCurve:
 
 def decoding_curve(acts, target=None, *, target_name: str = "model entropy", readings=None, layers=None,
                    covariates=None, folds: int = 5, n_null: int = 20, n_boot: int = 1000, alphas=ALPHAS,
-                   seed: int = 0) -> DecodingCurve:
+                   seed: int = 0, shuffle: str = "groups") -> DecodingCurve:
     """Cross-fitted linear decoding of ``target`` (default the model's entropy, bits) from every collected reading
     (``resid``, ``v``, ``z``) and layer of ``acts`` (``model.collect.collect``), beside the PC1 axis of each; raw, and
-    deconfounded when ``covariates`` ([n, c]) are given. Folds and bootstraps take whole ``acts.groups``. A reading
+    deconfounded when ``covariates`` ([n, c]) are given. Folds and bootstraps take whole ``acts.groups``; the null
+    moves whole groups, or rows with ``shuffle="rows"`` (``cross_fitted_decoding``). A reading
     constant across prompts (layer 0's final-token value depends on that token alone) gives NaN with the reason."""
     y = as_float64(acts.entropy if target is None else target)
     groups = acts.groups
@@ -157,7 +159,7 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                                        axis_r=float("nan"), axis_r_ci=nan2, axis_share=float("nan"), reason=reason))
                     continue
                 fit = cross_fitted_decoding(x, y, covariates=cov, groups=groups, folds=folds, n_null=n_null,
-                                            alphas=alphas, seed=seed)
+                                            alphas=alphas, seed=seed, shuffle=shuffle)
                 held_r2 = float(r2(fit["y"], fit["ridge"])[0])
                 axis_r = correlations(fit["axis"], fit["y"])["pearson"]
                 r2_ci = interval(bootstrap_r2(fit["y"], fit["ridge"], groups, n_boot=n_boot, seed=seed))

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..model.collect import query_readings
-from ..stats import fit_ridge, interval, percentile_of
+from ..stats import fit_ridge, interval, p_value, percentile_of
 from ..stats.calibration import kl_bits
 from ..core.errors import ConfigError
 from ..core.layers import layer_index
@@ -144,24 +144,12 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     total = sum(len(b) for b in bases.values()) * len(ops) * (1 + n_isotropic + n_matched)
     bar = tqdm(total=total, desc=f"subspaces {task.name}", disable=not progress)
     for layer, named in bases.items():
-        for name, basis in named.items():
-            frames = {"true": (basis[None], np.ones(1)),
-                      "isotropic": (isotropic_subspaces(basis, n_isotropic, layer=layer, seed=seed),
-                                    np.full(n_isotropic, np.nan)),
-                      "matched": matched_subspaces(x_every[layer], basis, n_matched, layer=layer, seed=seed)}
-            for op in ops:
-                true_losses = None
-                for kind, (draws, ratios) in frames.items():
-                    for draw, (frame, ratio) in enumerate(zip(draws, ratios)):
-                        err, kl = run({layer: OPS[op](torch.from_numpy(frame).float())})
-                        true_losses = (err, kl) if kind == "true" else true_losses
-                        rows.append(dict(task=task.name, site=site, layer=layer, subspace=name, k=int(basis.shape[0]),
-                                         op=op, kind=kind, draw=draw, variance_ratio=float(ratio),
-                                         mae_bits=float(err.mean()), kl_bits=float(kl.mean()),
-                                         cost_mae_bits=float(err.mean() - base_err.mean()),
-                                         cost_kl_bits=float(kl.mean() - base_kl.mean())))
-                        bar.update(1)
-                summary += summarise_costs(rows, layer, name, op, true_losses, (base_err, base_kl), seed=seed)
+        got_rows, got_summary = ablation_costs(lambda op, layer=layer: run({layer: op}), x_every[layer], named,
+                                               (base_err, base_kl), layer=layer, ops=ops, n_isotropic=n_isotropic,
+                                               n_matched=n_matched, seed=seed,
+                                               scope=dict(task=task.name, site=site), bar=bar)
+        rows += got_rows
+        summary += got_summary
     bar.close()
     meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, site=site, layers=layers,
                 ops=list(ops),
@@ -170,10 +158,42 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     return SubspaceAblationResult(rows, summary, meta)
 
 
+def ablation_costs(run, values: np.ndarray, named: dict[str, np.ndarray], base_losses, *, layer: int,
+                   ops: tuple[str, ...] = ("cut",), n_isotropic: int = 10, n_matched: int = 10, seed: int = 2024,
+                   scope: dict | None = None, bar=None) -> tuple[list[dict], list[dict]]:
+    """(rows, summary) of cutting / keeping only each basis of ``named`` (name -> [k, dim]) at one layer, beside
+    ``n_isotropic`` isotropic and ``n_matched`` variance-matched (over ``values`` [n, dim], the activations the edit
+    acts on) random subspaces of the same dimension. ``run(op)`` scores the model with the operator ``op`` applied
+    (the caller chooses site and layer) and returns per-sequence (|H error|, KL) [n, Q] each, as ``base_losses``
+    holds them for the unedited model; ``scope`` is copied into every row."""
+    base_err, base_kl = base_losses
+    rows, summary = [], []
+    for name, basis in named.items():
+        frames = {"true": (basis[None], np.ones(1)),
+                  "isotropic": (isotropic_subspaces(basis, n_isotropic, layer=layer, seed=seed),
+                                np.full(n_isotropic, np.nan)),
+                  "matched": matched_subspaces(values, basis, n_matched, layer=layer, seed=seed)}
+        for op in ops:
+            true_losses = None
+            for kind, (draws, ratios) in frames.items():
+                for draw, (frame, ratio) in enumerate(zip(draws, ratios)):
+                    err, kl = run(OPS[op](torch.from_numpy(np.ascontiguousarray(frame)).float()))
+                    true_losses = (err, kl) if kind == "true" else true_losses
+                    rows.append(dict(scope or {}, layer=layer, subspace=name, k=int(basis.shape[0]), op=op,
+                                     kind=kind, draw=draw, variance_ratio=float(ratio), mae_bits=float(err.mean()),
+                                     kl_bits=float(kl.mean()), cost_mae_bits=float(err.mean() - base_err.mean()),
+                                     cost_kl_bits=float(kl.mean() - base_kl.mean())))
+                    if bar is not None:
+                        bar.update(1)
+            summary += summarise_costs(rows, layer, name, op, true_losses, base_losses, seed=seed)
+    return rows, summary
+
+
 def summarise_costs(rows: list[dict], layer: int, name: str, op: str, true_losses, base_losses, *,
                     seed: int) -> list[dict[str, Any]]:
     """Summary rows of one (layer, subspace, op): the true cost with a paired bootstrap interval over sequences,
-    each control family's mean cost, 95% range, and the share of its draws at or below the true cost."""
+    each control family's mean cost, 95% range, the share of its draws at or below the true cost, and the
+    two-sided p-value of the true cost against those draws as drawn (``stats.p_value``)."""
     mine = [r for r in rows if (r["layer"], r["subspace"], r["op"]) == (layer, name, op)]
     out = []
     for i, metric in enumerate(("mae_bits", "kl_bits")):
@@ -185,7 +205,8 @@ def summarise_costs(rows: list[dict], layer: int, name: str, op: str, true_losse
             if len(costs):
                 entry |= {f"{fam}_mean": float(costs.mean()),
                           f"{fam}_range": interval(costs),
-                          f"{fam}_percentile": percentile_of(entry["true_cost"], costs), f"{fam}_n": len(costs)}
+                          f"{fam}_percentile": percentile_of(entry["true_cost"], costs),
+                          f"{fam}_p": p_value(entry["true_cost"], costs), f"{fam}_n": len(costs)}
         ratios = [r["variance_ratio"] for r in mine if r["kind"] == "matched"]
         if ratios:
             entry["matched_variance_ratio_mean"] = float(np.mean(ratios))

@@ -44,6 +44,7 @@ REDUCTIONS = {
     "v": _final_flat,  # hook_v [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
     "z": _final_flat,  # hook_z [batch, pos, n_heads, d_head] -> n_heads * d_head
     "resid": _final_flat,  # hook_resid_post [batch, pos, d_model]
+    "resid_pre": _final_flat,  # hook_resid_pre [batch, pos, d_model]; layer 0: the embedding output
     "attn_entropy": _final_query_entropy,  # hook_pattern -> n_heads, bits
 }
 TOKENS_PER_BATCH = 2048  # automatic batch size: about this many tokens per forward pass
@@ -382,7 +383,8 @@ def collect(
     return Activations(out, entropy, token_ids, meta, label_logprobs, next_token, logprobs)
 
 
-PROBE_READINGS = ("resid", "v", "z")
+PROBE_READINGS = ("resid", "v", "z")  # what the belief probes read by default
+QUERY_READINGS = (*PROBE_READINGS, "resid_pre")  # what query_readings can read (resid_pre at 0: the embedding)
 
 
 @torch.no_grad()
@@ -392,11 +394,12 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
 
     Returns ``{reading: {layer: [n * Q, dim] float32}}``, rows in sequence-major order (row i * Q + q is sequence
     i, query q), heads concatenated as in ``model.collect.collect``. ``readings``: any of ``"resid"`` (after the
-    block), ``"v"`` and ``"z"``; ``layers`` default to all.
+    block), ``"resid_pre"`` (entering it; layer 0: the embedding output), ``"v"`` and ``"z"``; ``layers`` default
+    to all.
     """
-    unknown = set(readings) - set(PROBE_READINGS)
+    unknown = set(readings) - set(QUERY_READINGS)
     if unknown:
-        raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(PROBE_READINGS)}.")
+        raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(QUERY_READINGS)}.")
     n_layers = model.cfg.n_layers
     layers = resolve_layers(layers, n_layers, range(n_layers))
     device = next(model.parameters()).device

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from functools import cache
 
-READING_SITES = {"v": "v", "z": "z", "resid": "resid_post", "attn_entropy": "pattern"}  # reading -> TL site
+# reading -> TL site; "resid_pre" is the residual stream entering a block: at layer 0 the embedding output (for GPT-2
+# the sum of the token and position embeddings), the layer where no attention or recurrence has run yet
+READING_SITES = {"v": "v", "z": "z", "resid": "resid_post", "resid_pre": "resid_pre", "attn_entropy": "pattern"}
 
 
 @cache
