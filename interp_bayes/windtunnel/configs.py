@@ -26,8 +26,9 @@ from ..core.errors import ConfigError
 from ..tasks.bijection import BijectionTask
 from ..tasks.hmm import HMMTask
 from ..tasks.kalman import KalmanTask
+from ..tasks.recall import RecallTask
 
-TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask}
+TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask, "recall": RecallTask}
 MLP_MODEL_TYPE = "windtunnel_mlp"
 
 
@@ -139,6 +140,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                      eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
                      task_kwargs=dict(state_dim=1, obs_dim=1, n_steps=8)),
     },
+}
+# Associative recall (tasks/recall.py). Paper: the authors' generator defaults (256 keys and values, 64 pairs,
+# 32 filler, 3 queries; 329 tokens); their repository has no recall training script, so the model is Paper I's
+# bijection transformer. Rotary at cpu: the lookup is relative (a value's key sits two tokens before it).
+PRESETS["recall"] = {
+    "paper": PRESETS["bijection"]["paper"] | dict(
+        task_kwargs=dict(n_keys=256, n_values=256, n_pairs=64, n_queries=3, n_filler=32)),
+    "cpu": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=4000, batch_size=128, lr=3e-3, warmup=200,
+                weight_decay=0.01, loss="soft", positions="rotary", checkpoints=[1000],
+                task_kwargs=dict(n_keys=16, n_values=16, n_pairs=6, n_queries=3, n_filler=8)),
+    "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
+                 eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
+                 task_kwargs=dict(n_keys=6, n_values=6, n_pairs=3, n_queries=2, n_filler=2)),
 }
 # Sticky HMM (self-transition 0.90..0.98 per state, t_mix(1/4) median 24 steps vs 2 for the paper's family) with
 # emissions peaked on the state's own symbol (0.50..0.70): the variant where the last four observations are not
