@@ -137,12 +137,32 @@ def test_window_and_position_only_baselines_equal_brute_force(enumerated, m):
         np.testing.assert_allclose(baseline_posteriors(task, batch, ())["position-only"].numpy(), got, atol=0)
 
 
+def test_stored_values_baseline_equals_brute_force(enumerated):
+    """p(answer | the set of stored values) over every episode; 1e-12 as above."""
+    task, ids, answers = enumerated
+    stored = ids[:, 3 : 4 * task.n_pairs : 4]
+    got = task.stored_values_posterior(ids).numpy()
+    for j in range(task.n_queries):
+        counts: dict[tuple, Counter] = defaultdict(Counter)
+        keys = [tuple(sorted(r)) for r in stored.tolist()]
+        for key, a in zip(keys, answers[:, j]):
+            counts[key][int(a)] += 1
+        for i, key in enumerate(keys):
+            expected = np.zeros(task.n_values)
+            for a, c in counts[key].items():
+                expected[a] = c / sum(counts[key].values())
+            np.testing.assert_allclose(got[i, j], expected, atol=1e-12)
+
+
 def test_a_window_over_the_whole_context_is_exact(enumerated):
     task, ids, answers = enumerated
     batch = task.sample(100, seed=4)
     whole = window_posterior(task, batch, task.seq_len())
     torch.testing.assert_close(whole, batch.posterior.double(), atol=0, rtol=0)
-    assert max(recall_windows(task)) < task.seq_len()
+    # the default windows all miss the first stored key at the first query, so none is the exact posterior there
+    first = int(task.query_positions()[0])
+    assert max(recall_windows(task)) < first <= 2 * max(recall_windows(task))
+    assert (window_posterior(task, batch, max(recall_windows(task)))[:, 0] != batch.posterior[:, 0]).any()
 
 
 class Oracle(torch.nn.Module):
@@ -169,7 +189,9 @@ def test_evaluator_scores_an_oracle_and_its_margins():
     res = evaluate_recall(Oracle(task, 30.0), task, n=200, lengths=[task.n_pairs])[task.n_pairs]
     assert res["recall_accuracy"] == 1.0 and res["kl_bits"] < 1e-9
     base = res["baselines"]
-    assert set(base) == {"uniform", "position-only"} | {f"window-{m}" for m in recall_windows(task)}
+    assert set(base) == {"uniform", "position-only", "stored-values"} | {f"window-{m}" for m in recall_windows(task)}
+    assert base["stored-values"]["recall_accuracy"] == pytest.approx(1 / task.n_pairs)
+    assert res["binding"]["beats"] and res["binding"]["margin_bits"] == pytest.approx(math.log2(task.n_pairs), rel=1e-6)
     assert base["uniform"]["kl_bits"] == pytest.approx(math.log2(task.n_values), rel=1e-9)
     assert base["position-only"]["recall_accuracy"] == pytest.approx(1 / task.n_values)
     best = res["vs_best_window"]

@@ -111,11 +111,12 @@ def window_posterior(task, batch: TaskBatch, m: int) -> torch.Tensor:
 
 def baseline_posteriors(task, batch: TaskBatch, windows: tuple[int, ...] = (1, 2, 3, 4)) -> dict[str, torch.Tensor]:
     """name -> [n, Q, H] float64 for the uniform guess, the prior and the mean-matrix filter (HMM only: for the
-    bijection the prior is the uniform guess), the position-only belief (recall) and each window filter
-    ``window-m``."""
+    bijection the prior is the uniform guess), the position-only and stored-values beliefs (recall) and each window
+    filter ``window-m``."""
     out = {"uniform": uniform_posterior(task, batch)}
     if isinstance(task, RecallTask):
         out["position-only"] = task.position_only_posterior(batch)
+        out["stored-values"] = task.stored_values_posterior(batch.input_ids)
     if isinstance(task, HMMTask):
         out["prior"] = window_posterior(task, batch, 0)
         out["mean-matrices"] = hmm_mean_matrix_posterior(task, batch)

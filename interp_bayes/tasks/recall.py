@@ -22,6 +22,9 @@ Baselines from the prompt tokens alone (an independent path from the sampler):
   shown, a delta; otherwise the key sits in one of the ``N - f`` slots not fully shown (f: pairs shown), each
   equally likely. When the window starts between a pair's key and its value, that value ``u`` is the query's with
   probability ``1 / (N - f)``; the rest is spread evenly over the values no shown pair holds.
+- ``stored_values_posterior``: the belief of a predictor that knows which values are stored but not which key
+  holds which (memory without binding): 1/N on each stored value. It sees the whole store, so a model that beats
+  every window but not this one remembers without binding.
 - ``position_only_posterior``: the best belief knowing only the position: the marginal of a query's value, uniform
   over all ``n_values`` (every value is equally likely to be bound to any key).
 """
@@ -160,6 +163,14 @@ class RecallTask:
             known = torch.nn.functional.one_hot(torch.where(hit, values[:, full], 0).sum(1), V).double()
             out[:, j] = torch.where(hit.any(1)[:, None], known, belief)
         return out
+
+    def stored_values_posterior(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """p(value of each query key | which values are stored, not which key holds which): 1/N on each stored
+        value, [n, M, V] float64. The memory-without-binding shortcut: it sees the whole store."""
+        N = self.pairs_in(input_ids)
+        values = input_ids[:, 3 : 4 * N : 4] - self.value_offset  # [n, N]
+        belief = torch.nn.functional.one_hot(values, self.n_values).sum(1).double() / N  # [n, V]
+        return belief[:, None].expand(-1, self.n_queries, -1).clone()
 
     def position_only_posterior(self, batch: TaskBatch) -> torch.Tensor:
         """The best belief knowing only the position: uniform over the values, [n, M, V] float64."""

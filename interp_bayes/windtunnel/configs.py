@@ -143,13 +143,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # Associative recall (tasks/recall.py). Paper: the authors' generator defaults (256 keys and values, 64 pairs,
 # 32 filler, 3 queries; 329 tokens); their repository has no recall training script, so the model is Paper I's
-# bijection transformer. Rotary at cpu: the lookup is relative (a value's key sits two tokens before it).
+# bijection transformer. cpu: 12 keys and values, 4 pairs, 4 filler (33 tokens), the bijection cpu model.
 PRESETS["recall"] = {
     "paper": PRESETS["bijection"]["paper"] | dict(
         task_kwargs=dict(n_keys=256, n_values=256, n_pairs=64, n_queries=3, n_filler=32)),
-    "cpu": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=4000, batch_size=128, lr=3e-3, warmup=200,
-                weight_decay=0.01, loss="soft", positions="rotary", checkpoints=[1000],
-                task_kwargs=dict(n_keys=16, n_values=16, n_pairs=6, n_queries=3, n_filler=8)),
+    "cpu": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=2000, batch_size=64, lr=3e-3, warmup=200,
+                weight_decay=0.01, loss="soft", checkpoints=[1000],
+                task_kwargs=dict(n_keys=12, n_values=12, n_pairs=4, n_queries=3, n_filler=4)),
     "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
                  eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
                  task_kwargs=dict(n_keys=6, n_values=6, n_pairs=3, n_queries=2, n_filler=2)),

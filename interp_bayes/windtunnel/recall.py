@@ -2,11 +2,12 @@
 query keys, plus the paper's metric, the share of queries recalled (the model's top value is the stored one).
 
 Baselines on the same sequences: the uniform guess, the position-only belief (uniform: it equals the uniform
-guess here, listed under its own name) and the window filters over the last m tokens, m = 1, 2, 4, ... below the
-sequence length (a window reaching the first token would be the exact posterior). A baseline's recall is the
-expected accuracy of its best guess, the mean of its largest probability (its belief is the exact conditional
-given what it sees, so ties need no breaking rule). The model's KL is compared with the best window's by the paired
-bootstrap of ``discrete.compare_with_baselines``.
+guess here, listed under its own name), the stored-values belief (1/N on each stored value: memory without
+binding; ``binding`` compares the model with it as ``vs_best_window`` does with the windows) and the window
+filters over the last m tokens, m = 1, 2, 4, ... below the first query's position (``recall_windows``). A
+baseline's recall is the expected accuracy of its best guess, the mean of its largest probability (its belief is
+the exact conditional given what it sees, so ties need no breaking rule). The model's KL is compared with the best
+window's by the paired bootstrap of ``discrete.compare_with_baselines``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from .entry import Metrics, TaskEntry
 
 
 def recall_windows(task: RecallTask, length: int | None = None) -> tuple[int, ...]:
-    """The default window sizes in tokens: powers of two below the sequence length."""
-    T, out, m = task.seq_len(length), [], 1
-    while m < T:
+    """The default window sizes in tokens: powers of two below the first query's position. A window that long
+    would show the first query every stored pair, i.e. be the exact posterior there."""
+    first, out, m = int(task.query_positions(length)[0]), [], 1
+    while m < first:
         out.append(m)
         m *= 2
     return tuple(out)
@@ -55,13 +57,16 @@ def evaluate_recall(model: nn.Module, task: RecallTask, n: int = 2000, *, length
             results[length] |= compare_with_baselines(logp, whole, task, windows=sizes, seed=seed)
             for name, belief in baseline_posteriors(task, whole, sizes).items():
                 results[length]["baselines"][name]["recall_accuracy"] = float(belief.amax(-1).mean())
+            bag = results[length]["baselines"]["stored-values"]
+            results[length]["binding"] = {**bag["kl_margin"], "stored_values_kl_bits": bag["kl_bits"],
+                                          "beats": bag["kl_margin"]["margin_ci"][0] > 0}
     return results
 
 
 def recall_summary(final: dict[int, Metrics], task: RecallTask) -> str:
     """KL, recall and the best-window comparison at every evaluated length."""
     summary = {length: {"kl_bits": m["kl_bits"], "recall_accuracy": m["recall_accuracy"]}
-               | ({"best_window": m["vs_best_window"]} if "vs_best_window" in m else {})
+               | ({"best_window": m["vs_best_window"], "binding": m["binding"]} if "binding" in m else {})
                for length, m in final.items()}
     return f"eval (bits): {json.dumps(summary)}"
 
