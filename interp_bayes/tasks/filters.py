@@ -31,6 +31,7 @@ from ..core.errors import ConfigError
 from .base import TaskBatch, entropy_bits
 from .bijection import BijectionTask
 from .hmm import HMMTask, hmm_filter
+from .recall import RecallTask
 
 
 def uniform_posterior(task, batch: TaskBatch) -> torch.Tensor:
@@ -103,13 +104,19 @@ def window_posterior(task, batch: TaskBatch, m: int) -> torch.Tensor:
         return hmm_window_posterior(trans, emit, task.observations(batch.input_ids), m)
     if isinstance(task, BijectionTask):
         return bijection_window_posterior(task, batch.input_ids, m)
-    raise ConfigError(f"No window filter for task '{getattr(task, 'name', task)}'; known: bijection, hmm.")
+    if isinstance(task, RecallTask):  # m counts tokens here (tasks/recall.py)
+        return task.window_posterior(batch.input_ids, m)
+    raise ConfigError(f"No window filter for task '{getattr(task, 'name', task)}'; known: bijection, hmm, recall.")
 
 
 def baseline_posteriors(task, batch: TaskBatch, windows: tuple[int, ...] = (1, 2, 3, 4)) -> dict[str, torch.Tensor]:
     """name -> [n, Q, H] float64 for the uniform guess, the prior and the mean-matrix filter (HMM only: for the
-    bijection the prior is the uniform guess) and each window filter ``window-m``."""
+    bijection the prior is the uniform guess), the position-only and stored-values beliefs (recall) and each window
+    filter ``window-m``."""
     out = {"uniform": uniform_posterior(task, batch)}
+    if isinstance(task, RecallTask):
+        out["position-only"] = task.position_only_posterior(batch)
+        out["stored-values"] = task.stored_values_posterior(batch.input_ids)
     if isinstance(task, HMMTask):
         out["prior"] = window_posterior(task, batch, 0)
         out["mean-matrices"] = hmm_mean_matrix_posterior(task, batch)

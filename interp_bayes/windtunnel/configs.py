@@ -26,8 +26,9 @@ from ..core.errors import ConfigError
 from ..tasks.bijection import BijectionTask
 from ..tasks.hmm import HMMTask
 from ..tasks.kalman import KalmanTask
+from ..tasks.recall import RecallTask
 
-TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask}
+TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask, "recall": RecallTask}
 MLP_MODEL_TYPE = "windtunnel_mlp"
 AUTOCAST = ("none", "bfloat16")  # TrainConfig.autocast
 
@@ -150,6 +151,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                      eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
                      task_kwargs=dict(state_dim=1, obs_dim=1, n_steps=8)),
     },
+}
+# Associative recall (tasks/recall.py). Paper: the authors' generator defaults (256 keys and values, 64 pairs,
+# 32 filler, 3 queries; 329 tokens); their repository has no recall training script, so the model is Paper I's
+# bijection transformer. cpu: 12 keys and values, 4 pairs, 4 filler (33 tokens), the bijection cpu model.
+PRESETS["recall"] = {
+    "paper": PRESETS["bijection"]["paper"] | dict(
+        task_kwargs=dict(n_keys=256, n_values=256, n_pairs=64, n_queries=3, n_filler=32)),
+    "cpu": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=2000, batch_size=64, lr=3e-3, warmup=200,
+                weight_decay=0.01, loss="soft", checkpoints=[1000],
+                task_kwargs=dict(n_keys=12, n_values=12, n_pairs=4, n_queries=3, n_filler=4)),
+    "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
+                 eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
+                 task_kwargs=dict(n_keys=6, n_values=6, n_pairs=3, n_queries=2, n_filler=2)),
 }
 # Sticky HMM (self-transition 0.90..0.98 per state, t_mix(1/4) median 24 steps vs 2 for the paper's family) with
 # emissions peaked on the state's own symbol (0.50..0.70): the variant where the last four observations are not

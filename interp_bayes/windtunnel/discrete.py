@@ -123,6 +123,22 @@ def compare_with_baselines(logp: torch.Tensor, batch: TaskBatch, task: Any, *, w
 
 
 @torch.no_grad()
+def held_out_log_probs(model: nn.Module, task: Any, n: int, *, length: int, seed: int,
+                       batch_size: int) -> tuple[torch.Tensor, TaskBatch]:
+    """The model's restricted log-probabilities [n, Q, H] (CPU) on ``n`` held-out sequences of ``length`` drawn in
+    batches with seeds [seed, length, i], and those sequences as one batch."""
+    logps, batches = [], []
+    for i, start in enumerate(range(0, n, batch_size)):
+        batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
+        logps.append(restricted_log_probs(model, batch, task.hypothesis_ids).cpu())
+        batches.append(batch)
+    whole = TaskBatch(input_ids=torch.cat([b.input_ids for b in batches]), query_pos=batches[0].query_pos,
+                      posterior=torch.cat([b.posterior for b in batches]),
+                      labels=torch.cat([b.labels for b in batches]))
+    return torch.cat(logps), whole
+
+
+@torch.no_grad()
 def evaluate_discrete(
     model: nn.Module,
     task: Any,
@@ -142,15 +158,7 @@ def evaluate_discrete(
     model.eval()
     results = {}
     for length in lengths:
-        logps, batches = [], []
-        for i, start in enumerate(range(0, n, batch_size)):
-            batch = task.sample(min(batch_size, n - start), seed=[seed, length, i], length=length)
-            logps.append(restricted_log_probs(model, batch, task.hypothesis_ids).cpu())
-            batches.append(batch)
-        logp = torch.cat(logps)
-        whole = TaskBatch(input_ids=torch.cat([b.input_ids for b in batches]), query_pos=batches[0].query_pos,
-                          posterior=torch.cat([b.posterior for b in batches]),
-                          labels=torch.cat([b.labels for b in batches]))
+        logp, whole = held_out_log_probs(model, task, n, length=length, seed=seed, batch_size=batch_size)
         results[length] = {"length": length, "n": n, **score(logp, whole.posterior)}
         if baselines:
             position_h = position_entropy(task, length, n=n, seed=seed + 1)

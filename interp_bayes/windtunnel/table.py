@@ -8,8 +8,9 @@ from ..core.errors import ConfigError
 from .discrete import BIJECTION, HMM
 from .entry import TaskEntry
 from .kalman import KALMAN
+from .recall import RECALL
 
-TASK_TABLE: dict[str, TaskEntry] = {"bijection": BIJECTION, "hmm": HMM, "kalman": KALMAN}
+TASK_TABLE: dict[str, TaskEntry] = {"bijection": BIJECTION, "hmm": HMM, "kalman": KALMAN, "recall": RECALL}
 
 
 def task_entry(name: str) -> TaskEntry:
