@@ -338,7 +338,9 @@ def test_nope_transformer_has_no_position_signal():
     diffs = {}
     for positions in ("none", "rotary"):
         torch.manual_seed(0)
-        model = build_transformer(make_config("bijection", "cpu_replacement", positions=positions, n_layers=1), task)
+        preset = "cpu_replacement_nope" if positions == "none" else "cpu_replacement"
+        model = build_transformer(make_config("bijection", preset, n_layers=1), task)
+        assert model.config.model_type == "gpt_neox"
         model.eval()
         with torch.no_grad():
             a, b = model(x).logits[:, -1], model(x[:, perm]).logits[:, -1]

@@ -425,7 +425,8 @@ def _per_k(predict: Predictor, setup: ExchangeableTask, contexts: Sequence[Conte
             for stat in ORDER_STATS:
                 entry[stat], _, _ = _boot(order[stat][sel], n_boot, rng)
                 null = float(exact["order"][stat][sel].mean())
-                entry[f"null_{stat}"] = dict(value=null, range=[null, null])  # exact: no Monte-Carlo part
+                # exact: no Monte-Carlo part; from 0, as a statistic >= 0 and the exact value is rounding
+                entry[f"null_{stat}"] = dict(value=null, range=[min(0.0, null), null])
             entry["n_orders"] = float(order["n_orders"][sel].mean())
         for stat in GAP_STATS:
             entry[stat], recentred, p = _boot(gap[stat][sel], n_boot, rng)
