@@ -350,3 +350,12 @@ def test_nope_transformer_has_no_position_signal():
             assert not [n for n, _ in model.named_parameters() if "wpe" in n or "position" in n]
     tol = 8 * x.shape[1] * torch.finfo(torch.float32).eps
     assert diffs["none"] < tol < 100 * tol < diffs["rotary"], diffs
+
+
+def test_the_kinds_defaults_are_valid_recipe_values():
+    """The sweep rebuilds every probe's parameters from their dict: a default the recipe check refuses (a count
+    named n_* at 0) broke the default martingale recipe."""
+    from interp_bayes.kinds.martingale import MartingaleParams
+
+    assert MartingaleParams.from_dict(MartingaleParams().to_dict()) == MartingaleParams()
+    assert MartingaleParams.from_dict(dict(orderings=8)).orderings == 8

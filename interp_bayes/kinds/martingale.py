@@ -26,7 +26,9 @@ class MartingaleParams(Params):
     n_null: int = 100  # Monte-Carlo draws of the exact predictor's gap (the reference)
     n_boot: int = 1000
     seed: int = 42
-    n_orders: int = 0  # m > 0: also the predictor averaged over m orderings of the same examples (Chlon et al.)
+    # m > 0: also the predictor averaged over m orderings of the same examples (Chlon et al.); 0: per order only
+    # (not named n_*: those count something and must be >= 1)
+    orderings: int = 0
     order_seed: int = 0  # the orderings' seed
 
 
@@ -42,7 +44,7 @@ def run(ctx, p: MartingaleParams) -> Result:
         model, task = load_windtunnel_task(p.task)
         setup, contexts = bijection_setup(task), bijection_contexts(task, list(p.ks), p.per_k, seed=p.seed)
     report = martingale_test(model, setup, contexts, n_perms=p.n_perms, n_draws=p.n_draws, n_null=p.n_null,
-                             n_boot=p.n_boot, seed=p.seed, batch_size=ctx.config.batch_size, n_orders=p.n_orders,
+                             n_boot=p.n_boot, seed=p.seed, batch_size=ctx.config.batch_size, n_orders=p.orderings,
                              order_seed=p.order_seed)
     return Result(report.rows(), dict(task=report.task))
 
@@ -53,7 +55,7 @@ def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
             ("order_sensitivity_js_bits", "order sensitivity (JS across orders, bits)", "exact"),
             ("martingale_gap_debiased_bits", "martingale gap, debiased (bits)", "martingale null"),
             ("martingale_gap_kl_bits", "martingale gap KL(m || m0), plug-in (bits)", "martingale null"),
-            ("averaged_martingale_gap_debiased_bits", f"martingale gap averaged over {p.n_orders} orderings, "
+            ("averaged_martingale_gap_debiased_bits", f"martingale gap averaged over {p.orderings} orderings, "
              "debiased (bits)", "martingale null"),
             ("expectation_gap_debiased_bits", "per-order minus averaged debiased gap (bits)", "paired null")):
         rs = sorted(select(rows, metric), key=lambda r: r.scope["k"])
@@ -137,7 +139,7 @@ def plan(ctx, p: MartingaleParams) -> list:
     from ..core.plugin import PlanItem
 
     n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
-    n += p.per_k * len(p.ks) * p.n_orders * (1 + 4 * p.n_draws)  # averaged: each predicted context in m orders
+    n += p.per_k * len(p.ks) * p.orderings * (1 + 4 * p.n_draws)  # averaged: each predicted context in m orders
     on = "" if p.task == "sula" else Path(p.task).name
     return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({p.task}): {p.n_perms} orders and {p.n_draws} "
                      "draws each", False, n, model=on)]
