@@ -7,7 +7,7 @@ or on a bijection wind tunnel (docs/rivals.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.results import Row, select
@@ -20,7 +20,7 @@ from .common import sula_task
 class MartingaleParams(Params):
     task: str = "sula"  # "sula", or a bijection wind-tunnel checkpoint (packaged name or folder)
     per_k: int = 20  # contexts per k
-    ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: among 0, 1, 2, 4, 8)
+    ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: any; those beyond 0, 1, 2, 4, 8 drawn after them)
     n_perms: int = 6  # orders of each context
     n_draws: int = 4  # draws of the model's own next example (>= 2: the null is built from their spread)
     n_null: int = 100  # Monte-Carlo draws of the exact predictor's gap (the reference)
@@ -37,6 +37,8 @@ def run(ctx, p: MartingaleParams) -> Result:
 
     if p.task == "sula":
         task, ids = sula_task(ctx, p.per_k)
+        # extra ks are generated after the task's own, so the prompts of those (the default recipe's) do not change
+        task = replace(task, ks=task.ks + tuple(sorted(set(p.ks) - set(task.ks))))
         setup, contexts, model = sula_setup(task, ids["main"]), sula_contexts(task, seed=p.seed, ks=p.ks), ctx.model
     else:
         from .windtunnel import load_windtunnel_task
