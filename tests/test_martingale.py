@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from interp_bayes.analyses.martingale import (FLOAT_FLOOR, NULLS, Context, bijection_contexts, bijection_setup,
-    debiased_gap_bits, martingale_gap, martingale_test, model_predictor, order_sensitivity, sula_contexts, sula_setup)
+from interp_bayes.analyses.martingale import (AVERAGED, EXPECTATION_GAP, FLOAT_FLOOR, NULLS, Context,
+    bijection_contexts, bijection_setup, debiased_gap_bits, martingale_gap, martingale_test, model_predictor,
+    order_averaged, order_sensitivity, sula_contexts, sula_setup)
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.tasks.icl import SULATask, posterior_label1
 
@@ -263,3 +264,98 @@ def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(t
     assert {r.metric for r in rows} >= {"martingale_gap_kl_bits", "martingale_gap_debiased_bits",
                                         "order_sensitivity_js_bits"}
     assert all(r.null == NULLS.get(r.metric.split("_", 2)[-1]) and "k" in r.scope for r in rows)
+
+
+# Bayes in expectation (Chlon et al. 2025): the predictor averaged over orderings of the same examples.
+
+def first_last(eps: float):
+    """The exact SULA predictive plus eps (1[last label is L1] - 1[first label is L1]): order-sensitive, and
+    exactly the exact predictor on average over all orders (the first and the last example are the same draw
+    from the multiset under a uniform order)."""
+    def predict(contexts):
+        p = SETUP.exact(contexts)[:, 0]
+        tilt = np.array([0.0 if not c.examples else float(c.examples[-1][1] == 0) - float(c.examples[0][1] == 0)
+                         for c in contexts])
+        p1 = p + eps * tilt
+        return np.column_stack([p1, 1 - p1])
+    return predict
+
+
+def test_the_averaged_predictor_is_the_brute_force_average_over_all_orders():
+    import itertools
+
+    ctx = Context(examples=(("happy", 0), ("sad", 1), ("calm", 0)), query="bold")
+    brute = np.mean([last_label([Context(tuple(ctx.examples[i] for i in perm), ctx.query)])[0]
+                     for perm in itertools.permutations(range(3))], axis=0)  # 2 of 3 orders end in L1: 0.6
+    np.testing.assert_allclose(brute, [0.6, 0.4], rtol=1e-12)
+    np.testing.assert_allclose(order_averaged(last_label, 6)([ctx])[0], brute, rtol=1e-12)
+    assert abs(order_averaged(last_label, 2)([ctx])[0, 0] - 0.6) > 0.05  # 2 of the 6 orders (0.2, 0.5 or 0.8)
+    # with fewer orders than k! the orders are drawn from the multiset, so every order of it averages the same ones
+    contexts = sula_contexts(TASK, seed=3, ks=(8,))
+    averaged = order_averaged(first_last(0.08), 5, seed=1)
+    assert order_sensitivity(averaged, contexts, n_perms=4)["js_bits"].max() < 1e-12
+    assert order_sensitivity(first_last(0.08), contexts, n_perms=4)["js_bits"].max() > 0.01
+    with pytest.raises(ValueError, match="n_orders >= 1"):
+        order_averaged(last_label, 0)
+
+
+def test_an_exchangeable_in_expectation_predictor_passes_averaged_and_fails_per_order():
+    """first_last(0.1) depends on the order, so per order its spread and its martingale gap (the new example
+    becomes the last) clear their nulls; averaged over all orders it is the exact predictor, gap 0 (the contexts
+    have at most 5 examples after the draw: 5! = 120 orders, all of them). 40 contexts per k: about a fifth (k = 2)
+    and a third (k = 4) of them mix the two labels, the only ones whose order matters."""
+    contexts = sula_contexts(SULATask(per_k=40), seed=3, ks=(2, 4))
+    report = martingale_test(None, SETUP, contexts, predictor=first_last(0.1), n_draws=2, n_null=3, n_boot=500,
+                             n_orders=120)
+    rows = {(r.metric, r.scope["k"]): r for r in report.rows()}
+    for k in (2, 4):
+        assert rows[("order_sensitivity_js_bits", k)].verdict() == "above null"
+        assert rows[("martingale_gap_debiased_bits", k)].verdict() == "above null"
+        assert rows[(f"{AVERAGED}order_sensitivity_js_bits", k)].verdict() == "within null"
+        averaged = rows[(f"{AVERAGED}martingale_gap_debiased_bits", k)]
+        assert averaged.verdict() == "within null" and abs(averaged.value) < 1e-12
+        assert rows[(EXPECTATION_GAP, k)].verdict() == "above null" and rows[(EXPECTATION_GAP, k)].scope["orders"] == 120
+        assert "p = " in rows[("martingale_gap_debiased_bits", k)].note
+    for entry in report.per_k:  # p against the recentred bootstrap as drawn agrees with the band
+        assert entry["p_debiased_bits"] < 0.05
+    exact = martingale_test(None, SETUP, contexts, predictor=SETUP.exact, n_draws=2, n_null=3, n_boot=50, n_orders=4)
+    for a, b in zip(exact.per_k, exact.averaged):  # exchangeable by construction: averaging changes nothing
+        assert a["debiased_bits"]["mean"] == pytest.approx(b["debiased_bits"]["mean"], abs=1e-15)
+    assert martingale_test(None, SETUP, contexts, predictor=SETUP.exact, n_null=1, n_boot=20).averaged == []
+
+
+def test_nope_transformer_has_no_position_signal():
+    """positions="none": a one-layer model's last position is a softmax-weighted sum over the earlier positions,
+    so permuting them changes its logits only by float32 reordering (tolerance: a few ulps of the logits' scale per
+    summed position); the same model with rotary positions moves by orders of magnitude more."""
+    import torch
+
+    from interp_bayes.windtunnel.configs import build_transformer, make_config, make_task
+
+    task = make_task(make_config("bijection", "cpu_replacement"))
+    x = torch.randint(0, 2 * task.n_symbols, (4, 13), generator=torch.Generator().manual_seed(0))
+    perm = torch.cat([torch.randperm(12, generator=torch.Generator().manual_seed(1)), torch.tensor([12])])
+    diffs = {}
+    for positions in ("none", "rotary"):
+        torch.manual_seed(0)
+        preset = "cpu_replacement_nope" if positions == "none" else "cpu_replacement"
+        model = build_transformer(make_config("bijection", preset, n_layers=1), task)
+        assert model.config.model_type == "gpt_neox"
+        model.eval()
+        with torch.no_grad():
+            a, b = model(x).logits[:, -1], model(x[:, perm]).logits[:, -1]
+        diffs[positions] = ((a - b).abs().max() / a.abs().max()).item()
+        if positions == "none":
+            assert model.config.rope_parameters["partial_rotary_factor"] == 0.0
+            assert not [n for n, _ in model.named_parameters() if "wpe" in n or "position" in n]
+    tol = 8 * x.shape[1] * torch.finfo(torch.float32).eps
+    assert diffs["none"] < tol < 100 * tol < diffs["rotary"], diffs
+
+
+def test_the_kinds_defaults_are_valid_recipe_values():
+    """The sweep rebuilds every probe's parameters from their dict: a default the recipe check refuses (a count
+    named n_* at 0) broke the default martingale recipe."""
+    from interp_bayes.kinds.martingale import MartingaleParams
+
+    assert MartingaleParams.from_dict(MartingaleParams().to_dict()) == MartingaleParams()
+    assert MartingaleParams.from_dict(dict(orderings=8)).orderings == 8

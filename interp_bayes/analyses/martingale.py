@@ -38,6 +38,13 @@ itself; the exact null therefore uses the next-label predictive (its entropy is 
 H(pi_k) the calibration metrics compare with: 0.68 vs 0.47 bits at k = 1). The label outcome is enumerated (two
 outcomes, so no label sampling noise); the fresh query word is drawn at random, the only Monte-Carlo part.
 
+Bayes in expectation (Chlon et al. 2025, arXiv 2507.11768): positional encodings break exchangeability, so a
+model may fail these per-order tests while the average of its predictive over orderings of the same examples is
+Bayesian. ``order_averaged`` is that exchangeable predictor (the mean over m orders of the examples, all of them when
+k! <= m); ``martingale_test(n_orders=m)`` runs the same statistics on it beside the per-order ones, each against its
+own null (the averaged predictor's own draws: averaging also smooths the draws' noise, and the null keeps that), and
+the per-order minus averaged gap with a paired bootstrap.
+
 Bijection wind tunnel (``tasks/bijection.py``): the examples are revealed (key, value) pairs and the query a key
 not yet revealed; the next example is an unrevealed key other than the query, with a value sampled from the
 predictor's own predictive at that key; the query stays. The exact predictive (uniform over unrevealed values) is
@@ -47,6 +54,7 @@ exact predictor's 95% range over ``n_null`` independent sets of draws is kept as
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -55,7 +63,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from ..stats.calibration import kl_bits
-from ..stats import bootstrap_means, interval
+from ..stats import bootstrap_mean_draws, interval, p_value
 from ..core.results import Row
 
 
@@ -205,6 +213,42 @@ def order_sensitivity(predict: Predictor, contexts: Sequence[Context], *, n_perm
     return dict(js_bits=js, top_sd=sd, n_orders=np.array([len(os) for os in orders]))
 
 
+def _multiset_rng(examples: tuple, seed: int) -> tuple[tuple, np.random.Generator]:
+    """The examples in a canonical order (sorted by their text) and a generator seeded by ``seed`` and that order:
+    the same for every order of the same examples, and stable across processes (not Python's salted ``hash``)."""
+    canonical = tuple(sorted(examples, key=repr))
+    digest = hashlib.blake2b(repr(canonical).encode(), digest_size=8).digest()
+    return canonical, np.random.default_rng([seed, int.from_bytes(digest, "little")])
+
+
+def order_averaged(predict: Predictor, n_orders: int, *, seed: int = 0) -> Predictor:
+    """The exchangeable predictor of ``predict``: per context, the mean of its predictions over ``n_orders`` orders
+    of the examples (``_orders``: all k! of them when k! <= n_orders, else the canonical order and n_orders - 1
+    others drawn at random), the query kept last.
+
+    The orders are drawn from the examples' canonical order with a generator seeded by ``seed`` and the examples
+    themselves, so every order of the same examples gets the same m orders: the average is a function of the
+    multiset (exchangeable by construction, as the exact predictor; the order test on it is 0 up to rounding), and
+    a deterministic predictor, so the martingale test's null (its own draws) holds for it as for any predictor.
+    With k! <= n_orders it is the exact symmetrisation of ``predict``."""
+    if n_orders < 1:
+        raise ValueError(f"order_averaged needs n_orders >= 1 (got {n_orders}); set the number of orderings to "
+                         "average over to 1 or more.")
+
+    def predict_averaged(contexts: Sequence[Context]) -> np.ndarray:
+        flat, sizes = [], []
+        for c in contexts:
+            canonical, rng = _multiset_rng(c.examples, seed)
+            orders = _orders(c.k, n_orders, rng)
+            flat += [Context(tuple(canonical[i] for i in order), c.query) for order in orders]
+            sizes.append(len(orders))
+        preds = predict(flat)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return np.stack([preds[a:a + n].mean(0) for a, n in zip(starts, sizes)])
+
+    return predict_averaged
+
+
 def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
     """KL(m || p) per row in bits, >= 0 (a negative value is rounding)."""
     with np.errstate(divide="ignore"):  # p = 0 where m > 0: an infinite KL, as it should be
@@ -285,78 +329,92 @@ NULLS = dict(js_bits="exact predictor", top_sd="exact predictor", debiased_bits=
              drift_top=OWN_NULL, kl_floor_bits="exact predictor, Monte-Carlo 95%")  # tv, kl_today: descriptive
 
 
+AVERAGED = "averaged_"  # metric prefix of the order-averaged predictor's rows
+EXPECTATION_GAP = "expectation_gap_debiased_bits"  # per-order minus order-averaged debiased gap, per k
+GAP_ROW = "martingale_gap_debiased_bits"  # the test's statistic (its exact predictor's row: exact_ + this)
+
+
+def _stat_rows(per_k: list[dict], task: str, prefix: str, extra: dict) -> list[Row]:
+    """``MartingaleReport.rows`` for one predictor's per-k entries (metric names prefixed, scope extended)."""
+    out = []
+    for entry in per_k:
+        for stat in ORDER_STATS + GAP_STATS:
+            if stat not in entry:
+                continue
+            model, null = entry[stat], entry.get(f"null_{stat}")
+            kind = "order_sensitivity" if stat in ORDER_STATS else "martingale_gap"
+            note = []
+            if f"exact_{stat}" in entry:
+                ex = entry[f"exact_{stat}"]
+                note.append(f"exact predictor {ex['value']:.4g} (Monte-Carlo {ex['range'][0]:.4g}, "
+                            f"{ex['range'][1]:.4g})")
+            if f"p_{stat}" in entry:
+                note.append(f"p = {entry[f'p_{stat}']:.3g} against the null as drawn")
+            low = high = None
+            if null is not None:
+                floor = FLOAT_FLOOR if UNITS[stat] == "bits" else 0.0
+                low, high = null["range"][0], max(null["range"][1], floor)
+                if floor > null["range"][1]:
+                    note.insert(0, f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits")
+            out.append(Row(f"{prefix}{kind}_{stat}", model["mean"], UNITS[stat], dict(task=task, k=entry["k"], **extra),
+                           model["ci"][0], model["ci"][1], "bootstrap 95%", low, high,
+                           NULLS[stat] if null is not None else None, entry["n"], note="; ".join(note) or None))
+    return out
+
+
 @dataclass
 class MartingaleReport:
     """Per k: the predictor's order sensitivity and martingale gap (mean over contexts, bootstrap 95% interval),
     each beside a null valid for the predictor under test (``martingale_test``) where one exists, and the exact
-    predictor's gap under the same draws with its Monte-Carlo range (``exact_*``) as a reference."""
+    predictor's gap under the same draws with its Monte-Carlo range (``exact_*``) as a reference. With
+    ``n_orders`` > 0 the same per k for the order-averaged predictor (``averaged``) and the per-order minus averaged
+    debiased gap (``expectation``)."""
 
     task: str
     per_k: list[dict]
     params: dict
     per_context: dict = field(default_factory=dict, repr=False)  # statistic -> [n_contexts] for the model
+    averaged: list[dict] = field(default_factory=list)  # per k, the order-averaged predictor ([]: not run)
+    expectation: list[dict] = field(default_factory=list)  # per k, per order minus averaged
 
     def rows(self) -> list[Row]:
         """Tidy rows per k and statistic: the predictor's mean with its bootstrap interval, beside its null's 95%
         range (``NULLS``), the upper end widened to the float32 floor for statistics in bits: a gap below
         ``FLOAT_FLOOR`` cannot be told from arithmetic noise (part of the power floor). ``tv`` and
-        ``kl_today_bits`` have no null (biased up by the draws' noise; descriptive)."""
-        out = []
-        for entry in self.per_k:
-            for stat in ORDER_STATS + GAP_STATS:
-                if stat not in entry:
-                    continue
-                model, null = entry[stat], entry.get(f"null_{stat}")
-                kind = "order_sensitivity" if stat in ORDER_STATS else "martingale_gap"
-                note = []
-                if f"exact_{stat}" in entry:
-                    ex = entry[f"exact_{stat}"]
-                    note.append(f"exact predictor {ex['value']:.4g} (Monte-Carlo {ex['range'][0]:.4g}, "
-                                f"{ex['range'][1]:.4g})")
-                low = high = None
-                if null is not None:
-                    floor = FLOAT_FLOOR if UNITS[stat] == "bits" else 0.0
-                    low, high = null["range"][0], max(null["range"][1], floor)
-                    if floor > null["range"][1]:
-                        note.insert(0, f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits")
-                out.append(Row(f"{kind}_{stat}", model["mean"], UNITS[stat], dict(task=self.task, k=entry["k"]),
-                               model["ci"][0], model["ci"][1], "bootstrap 95%", low, high,
-                               NULLS[stat] if null is not None else None, entry["n"], note="; ".join(note) or None))
+        ``kl_today_bits`` have no null (biased up by the draws' noise; descriptive). The order-averaged predictor's
+        rows are the same statistics prefixed ``averaged_`` with ``orders`` (m) in their scope; ``EXPECTATION_GAP``
+        is the per-order minus averaged debiased gap, against its paired bootstrap recentred at 0."""
+        out = _stat_rows(self.per_k, self.task, "", {})
+        if self.averaged:
+            out += _stat_rows(self.averaged, self.task, AVERAGED, dict(orders=self.params["n_orders"]))
+            for entry in self.per_k:  # the exact predictor beside both (exchangeable: one value for both)
+                ex = entry["exact_debiased_bits"]
+                out.append(Row(f"exact_{GAP_ROW}", ex["value"], "bits", dict(task=self.task, k=entry["k"]),
+                               ex["range"][0], ex["range"][1], "exact predictor, Monte-Carlo 95%", n=entry["n"]))
+        for e in self.expectation:
+            out.append(Row(EXPECTATION_GAP, e["mean"], "bits", dict(task=self.task, k=e["k"],
+                                                                     orders=self.params["n_orders"]),
+                           e["ci"][0], e["ci"][1], "bootstrap 95%", e["null"][0], e["null"][1],
+                           "paired bootstrap over contexts, recentred at 0, 95%", e["n"],
+                           note=f"p = {e['p']:.3g} against the null as drawn"))
         return out
 
 
-def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int = 6,
-                    n_draws: int = 4, n_null: int = 100, n_boot: int = 1000, seed: int = 0,
-                    batch_size: int | None = None, predictor: Predictor | None = None) -> MartingaleReport:
-    """Order sensitivity and martingale gap of ``model`` on ``contexts``, per k, each against a null valid for it.
+def _boot(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[dict, dict, float]:
+    """The mean of ``x`` with its bootstrap interval, that bootstrap recentred at 0 (the null of a statistic whose
+    mean is 0 under the hypothesis, the contexts independent) and the p-value of the mean against those draws."""
+    mean, boots = float(x.mean()), bootstrap_mean_draws(x, n_boot=n_boot, seed=rng)
+    low, high = interval(boots)
+    return (dict(mean=mean, ci=[low, high]), dict(value=0.0, range=[low - mean, high - mean]),
+            p_value(mean, boots - mean))
 
-    ``predictor`` replaces the model (any function of contexts, e.g. a toy predictor in a test); ``model`` may then
-    be None. Order sensitivity is reported for k >= 2 (one example has one order), against the exact predictor's
-    (computed, not assumed; 0).
 
-    The martingale test is the predictor's own: ``debiased_bits`` (``debiased_gap_bits``) has mean exactly 0 under
-    the hypothesis whatever the predictor's noise, so its null is its own bootstrap distribution over contexts
-    recentred at 0 ([low - mean, high - mean]: the contexts are independent, their draws are the noise). The
-    plug-in ``kl_bits`` is placed against the same band moved to its noise level (kl - debiased: where the plug-in
-    sits for a martingale with this predictor's draws), so both give one verdict; ``drift_top`` (mean 0 under the
-    hypothesis) against its own recentred bootstrap. The exact predictor's statistics under the same draws and
-    their Monte-Carlo range over ``n_null`` further sets of draws are kept (``exact_*``), as a reference only: that
-    band is the exact predictor's noise, and a flatter martingale scores below it.
-
-    Power floor: the band's half-width, set by the draws' noise over ``n_draws`` x contexts per k (it shrinks as
-    1 / sqrt of their product), and never below ``FLOAT_FLOOR`` for the statistics in bits (docs/rivals.md measures
-    both on planted predictors).
-    """
-    if n_draws < 2:
-        raise ValueError("The martingale test needs n_draws >= 2 (its null is built from the spread of the "
-                         "predictor's own draws); set n_draws to 2 or more.")
-    predict = predictor or model_predictor(model, setup, batch_size=batch_size)
+def _per_k(predict: Predictor, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int, n_draws: int,
+           n_boot: int, seed: int, exact: dict) -> tuple[list[dict], dict]:
+    """Per-k entries (``MartingaleReport.per_k``) and per-context statistics of one predictor; ``exact`` holds the
+    exact predictor's order and gap statistics under the same draws and its Monte-Carlo replicates."""
     order = order_sensitivity(predict, contexts, n_perms=n_perms, seed=seed)
-    order_null = order_sensitivity(setup.exact, contexts, n_perms=n_perms, seed=seed)
     gap = martingale_gap(predict, contexts, setup, n_draws=n_draws, seed=seed)
-    gap_exact = martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed)
-    replicates = [martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed + 1 + r)
-                  for r in range(n_null)]
     ks = np.array([c.k for c in contexts])
     rng = np.random.default_rng(seed)
     per_k = []
@@ -365,26 +423,80 @@ def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context],
         entry: dict = dict(k=int(k), n=int(sel.sum()))
         if k >= 2:
             for stat in ORDER_STATS:
-                mean, low, high = bootstrap_means(order[stat][sel], n_boot=n_boot, seed=rng)
-                null = float(order_null[stat][sel].mean())
-                entry[stat] = dict(mean=float(mean), ci=[float(low), float(high)])
-                entry[f"null_{stat}"] = dict(value=null, range=[null, null])  # exact: no Monte-Carlo part
+                entry[stat], _, _ = _boot(order[stat][sel], n_boot, rng)
+                null = float(exact["order"][stat][sel].mean())
+                # exact: no Monte-Carlo part; from 0, as a statistic >= 0 and the exact value is rounding
+                entry[f"null_{stat}"] = dict(value=null, range=[min(0.0, null), null])
             entry["n_orders"] = float(order["n_orders"][sel].mean())
         for stat in GAP_STATS:
-            mean, low, high = bootstrap_means(gap[stat][sel], n_boot=n_boot, seed=rng)
-            entry[stat] = dict(mean=float(mean), ci=[float(low), float(high)])
-            reps = np.array([r[stat][sel].mean() for r in replicates]) if replicates else np.array([np.nan])
-            entry[f"exact_{stat}"] = dict(value=float(gap_exact[stat][sel].mean()),
-                                          range=interval(reps))
-        for stat in ("debiased_bits", "drift_top"):  # mean 0 under the hypothesis: the bootstrap, recentred
-            e = entry[stat]
-            entry[f"null_{stat}"] = dict(value=0.0, range=[e["ci"][0] - e["mean"], e["ci"][1] - e["mean"]])
+            entry[stat], recentred, p = _boot(gap[stat][sel], n_boot, rng)
+            reps = np.array([r[stat][sel].mean() for r in exact["replicates"]]) if exact["replicates"] \
+                else np.array([np.nan])
+            entry[f"exact_{stat}"] = dict(value=float(exact["gap"][stat][sel].mean()), range=interval(reps))
+            if stat in ("debiased_bits", "drift_top"):  # mean 0 under the hypothesis: the bootstrap, recentred
+                entry[f"null_{stat}"], entry[f"p_{stat}"] = recentred, p
         shift = entry["kl_bits"]["mean"] - entry["debiased_bits"]["mean"]  # the plug-in's noise part
         entry["null_kl_bits"] = dict(value=shift, range=[shift + x for x in entry["null_debiased_bits"]["range"]])
         entry["null_kl_floor_bits"] = entry["exact_kl_floor_bits"]  # the query alone: the exact predictor's is 0
         per_k.append(entry)
-    params = dict(n_perms=n_perms, n_draws=n_draws, n_null=n_null, n_boot=n_boot, seed=seed,
-                  outcomes="enumerated" if setup.enumerate_outcomes else "sampled", n_contexts=len(contexts))
     per_context = dict(k=ks.tolist(), **{s: order[s].tolist() for s in ORDER_STATS},
                        **{s: gap[s].tolist() for s in GAP_STATS})
-    return MartingaleReport(setup.name, per_k, params, per_context)
+    return per_k, per_context
+
+
+def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int = 6,
+                    n_draws: int = 4, n_null: int = 100, n_boot: int = 1000, seed: int = 0,
+                    batch_size: int | None = None, predictor: Predictor | None = None, n_orders: int = 0,
+                    order_seed: int = 0) -> MartingaleReport:
+    """Order sensitivity and martingale gap of ``model`` on ``contexts``, per k, each against a null valid for it.
+
+    ``predictor`` replaces the model (any function of contexts, e.g. a toy predictor in a test); ``model`` may then
+    be None. Order sensitivity is reported for k >= 2 (one example has one order), against the exact predictor's
+    (computed, not assumed; 0).
+
+    The martingale test is the predictor's own: ``debiased_bits`` (``debiased_gap_bits``) has mean exactly 0 under
+    the hypothesis whatever the predictor's noise, so its null is its own bootstrap distribution over contexts
+    recentred at 0 ([low - mean, high - mean]: the contexts are independent, their draws are the noise), with the
+    p-value of the mean against those draws (``p_debiased_bits``). The plug-in ``kl_bits`` is placed against the
+    same band moved to its noise level (kl - debiased: where the plug-in sits for a martingale with this
+    predictor's draws), so both give one verdict; ``drift_top`` (mean 0 under the hypothesis) against its own
+    recentred bootstrap. The exact predictor's statistics under the same draws and their Monte-Carlo range over
+    ``n_null`` further sets of draws are kept (``exact_*``), as a reference only: that band is the exact
+    predictor's noise, and a flatter martingale scores below it.
+
+    ``n_orders`` = m > 0 also runs every statistic on the order-averaged predictor (``order_averaged`` over m
+    orders, seeded by ``order_seed``) with the same contexts, draws and nulls built the same way (its own draws, so
+    the smoothing the averaging brings is in its null too), and the per-order minus averaged debiased gap per k
+    with a paired bootstrap over contexts (``expectation``). It costs about m times the gap's forwards.
+
+    Power floor: the band's half-width, set by the draws' noise over ``n_draws`` x contexts per k (it shrinks as
+    1 / sqrt of their product), and never below ``FLOAT_FLOOR`` for the statistics in bits (docs/rivals.md measures
+    both on planted predictors).
+    """
+    if n_draws < 2:
+        raise ValueError("The martingale test needs n_draws >= 2 (its null is built from the spread of the "
+                         "predictor's own draws); set n_draws to 2 or more.")
+    if n_orders < 0:
+        raise ValueError(f"n_orders must be >= 0 (got {n_orders}); use 0 for the per-order test alone or m > 0 to "
+                         "add the predictor averaged over m orderings.")
+    predict = predictor or model_predictor(model, setup, batch_size=batch_size)
+    exact = dict(order=order_sensitivity(setup.exact, contexts, n_perms=n_perms, seed=seed),
+                 gap=martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed),
+                 replicates=[martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed + 1 + r)
+                             for r in range(n_null)])
+    kw = dict(n_perms=n_perms, n_draws=n_draws, n_boot=n_boot, seed=seed, exact=exact)
+    per_k, per_context = _per_k(predict, setup, contexts, **kw)
+    averaged, expectation = [], []
+    if n_orders:
+        averaged, per_context_avg = _per_k(order_averaged(predict, n_orders, seed=order_seed), setup, contexts, **kw)
+        ks = np.array(per_context["k"])
+        diff = np.array(per_context["debiased_bits"]) - np.array(per_context_avg["debiased_bits"])
+        rng = np.random.default_rng([seed, n_orders])
+        for k in sorted(set(ks.tolist())):
+            stat, null, p = _boot(diff[ks == k], n_boot, rng)  # paired: the same contexts and draws
+            expectation.append(dict(k=int(k), n=int((ks == k).sum()), **stat, null=null["range"], p=p))
+        per_context |= {f"{AVERAGED}{s}": v for s, v in per_context_avg.items() if s != "k"}
+    params = dict(n_perms=n_perms, n_draws=n_draws, n_null=n_null, n_boot=n_boot, seed=seed, n_orders=n_orders,
+                  order_seed=order_seed, outcomes="enumerated" if setup.enumerate_outcomes else "sampled",
+                  n_contexts=len(contexts))
+    return MartingaleReport(setup.name, per_k, params, per_context, averaged, expectation)

@@ -7,7 +7,7 @@ or on a bijection wind tunnel (docs/rivals.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.results import Row, select
@@ -20,12 +20,16 @@ from .common import sula_task
 class MartingaleParams(Params):
     task: str = "sula"  # "sula", or a bijection wind-tunnel checkpoint (packaged name or folder)
     per_k: int = 20  # contexts per k
-    ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: among 0, 1, 2, 4, 8)
+    ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: any; those beyond 0, 1, 2, 4, 8 drawn after them)
     n_perms: int = 6  # orders of each context
     n_draws: int = 4  # draws of the model's own next example (>= 2: the null is built from their spread)
     n_null: int = 100  # Monte-Carlo draws of the exact predictor's gap (the reference)
     n_boot: int = 1000
     seed: int = 42
+    # m > 0: also the predictor averaged over m orderings of the same examples (Chlon et al.); 0: per order only
+    # (not named n_*: those count something and must be >= 1)
+    orderings: int = 0
+    order_seed: int = 0  # the orderings' seed
 
 
 def run(ctx, p: MartingaleParams) -> Result:
@@ -33,6 +37,8 @@ def run(ctx, p: MartingaleParams) -> Result:
 
     if p.task == "sula":
         task, ids = sula_task(ctx, p.per_k)
+        # extra ks are generated after the task's own, so the prompts of those (the default recipe's) do not change
+        task = replace(task, ks=task.ks + tuple(sorted(set(p.ks) - set(task.ks))))
         setup, contexts, model = sula_setup(task, ids["main"]), sula_contexts(task, seed=p.seed, ks=p.ks), ctx.model
     else:
         from .windtunnel import load_windtunnel_task
@@ -40,7 +46,8 @@ def run(ctx, p: MartingaleParams) -> Result:
         model, task = load_windtunnel_task(p.task)
         setup, contexts = bijection_setup(task), bijection_contexts(task, list(p.ks), p.per_k, seed=p.seed)
     report = martingale_test(model, setup, contexts, n_perms=p.n_perms, n_draws=p.n_draws, n_null=p.n_null,
-                             n_boot=p.n_boot, seed=p.seed, batch_size=ctx.config.batch_size)
+                             n_boot=p.n_boot, seed=p.seed, batch_size=ctx.config.batch_size, n_orders=p.orderings,
+                             order_seed=p.order_seed)
     return Result(report.rows(), dict(task=report.task))
 
 
@@ -49,7 +56,10 @@ def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
     for metric, label, against in (
             ("order_sensitivity_js_bits", "order sensitivity (JS across orders, bits)", "exact"),
             ("martingale_gap_debiased_bits", "martingale gap, debiased (bits)", "martingale null"),
-            ("martingale_gap_kl_bits", "martingale gap KL(m || m0), plug-in (bits)", "martingale null")):
+            ("martingale_gap_kl_bits", "martingale gap KL(m || m0), plug-in (bits)", "martingale null"),
+            ("averaged_martingale_gap_debiased_bits", f"martingale gap averaged over {p.orderings} orderings, "
+             "debiased (bits)", "martingale null"),
+            ("expectation_gap_debiased_bits", "per-order minus averaged debiased gap (bits)", "paired null")):
         rs = sorted(select(rows, metric), key=lambda r: r.scope["k"])
         if rs:
             text = "; ".join(f"k={r.scope['k']}: {r.value:.4f} [{r.low:.4f}, {r.high:.4f}] vs {against} "
@@ -87,7 +97,42 @@ def figures(probes) -> list[Figure]:
             "A Bayesian predictor sits in the grey band: for the gap, where the model's own plug-in gap would sit if "
             "it were a martingale with the noise of its own draws. A model above it depends on the order of "
             "exchangeable examples or drifts when fed its own predictions."))
+        if select(p.rows, "averaged_martingale_gap_debiased_bits"):
+            out.append(expectation_figure(p))
     return out
+
+
+def expectation_figure(p) -> Figure:
+    """The debiased gap against k, per order and averaged over orderings, each with its own null band and the
+    exact predictor's value (exchangeable by construction) beside them: Bayes in expectation (Chlon et al.)."""
+    import plotly.graph_objects as go
+
+    from ..core.figures import COLOURS, layout
+
+    fig = go.Figure()
+    for metric, name, colour in (("martingale_gap_debiased_bits", "per order", COLOURS["observed"]),
+                                 ("averaged_martingale_gap_debiased_bits", "averaged over orderings",
+                                  COLOURS["matched"])):
+        rs = sorted(select(p.rows, metric), key=lambda r: r.scope["k"])
+        k = [r.scope["k"] for r in rs]
+        fig.add_trace(go.Scatter(x=k + k[::-1], y=[r.null_high for r in rs] + [r.null_low for r in rs[::-1]],
+                                 fill="toself", fillcolor="rgba(150,150,150,0.18)", line=dict(width=0, color=colour),
+                                 name=f"null, {name} (its own draws, 95%)"))
+        fig.add_trace(go.Scatter(x=k, y=[r.value for r in rs], mode="lines+markers", name=name,
+                                 line=dict(color=colour),
+                                 error_y=dict(type="data", array=[r.high - r.value for r in rs],
+                                              arrayminus=[r.value - r.low for r in rs])))
+    exact = sorted(select(p.rows, "exact_martingale_gap_debiased_bits"), key=lambda r: r.scope["k"])
+    fig.add_trace(go.Scatter(x=[r.scope["k"] for r in exact], y=[r.value for r in exact], mode="markers",
+                             name="exact predictor", marker=dict(color=COLOURS["true"], symbol="x")))
+    fig.update_xaxes(title_text="k (examples in context)", type="log")
+    fig.update_yaxes(title_text="debiased martingale gap (bits)")
+    orders = select(p.rows, "averaged_martingale_gap_debiased_bits")[0].scope.get("orders")
+    return Figure(f"martingale-expectation-{p.name}", "Bayes in expectation", layout(
+        fig, f"Martingale gap per order and averaged over {orders} orderings ({p.data.get('task')})"),
+        "Chlon et al.: positional encodings break exchangeability, so the relevant predictor is the average over "
+        "orderings of the same examples. Each curve sits against its own null (its own draws); the exact "
+        "predictor is exchangeable by construction, its gap 0.")
 
 
 def plan(ctx, p: MartingaleParams) -> list:
@@ -96,6 +141,7 @@ def plan(ctx, p: MartingaleParams) -> list:
     from ..core.plugin import PlanItem
 
     n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
+    n += p.per_k * len(p.ks) * p.orderings * (1 + 4 * p.n_draws)  # averaged: each predicted context in m orders
     on = "" if p.task == "sula" else Path(p.task).name
     return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({p.task}): {p.n_perms} orders and {p.n_draws} "
                      "draws each", False, n, model=on)]
@@ -118,7 +164,10 @@ def ledger(probes) -> list:
         for metric, key, text in (("order_sensitivity_js_bits", "order", "Predictions do not depend on the order "
                                    "of the examples (JS across orders vs the exact predictor)"),
                                   ("martingale_gap_debiased_bits", "martingale", "Predictions form a martingale "
-                                   "(debiased gap vs the martingale null)")):
+                                   "(debiased gap vs the martingale null)"),
+                                  ("averaged_martingale_gap_debiased_bits", "martingale_expectation", "Predictions "
+                                   "averaged over orderings of the examples form a martingale (Bayes in expectation; "
+                                   "debiased gap vs its own martingale null)")):
             rs = sorted(select(p.rows, metric), key=lambda r: r.scope["k"])
             if not rs:
                 continue

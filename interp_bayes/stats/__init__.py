@@ -17,15 +17,15 @@ from .deconfound import KINDS, Deconfounded, corr_columns, deconfounded_correlat
 from .permutation import group_permutations, p_value, permutations, significant
 from .regression import (MAX_LEVELS, SPLINE_KNOTS, STRATUM_SIZE, centre_within, covariate_basis, fine_strata,
     residual_confounding, residualize)
-from .resample import (CI_LEVEL, bootstrap, bootstrap_means, bootstrap_pearson, bootstrap_r2, bootstrap_ratio, bounds,
-    group_ids, interval, percentile_of, resample_counts, resampled_sums)
+from .resample import (CI_LEVEL, bootstrap, bootstrap_mean_draws, bootstrap_means, bootstrap_pearson, bootstrap_r2,
+    bootstrap_ratio, bounds, group_ids, interval, percentile_of, resample_counts, resampled_sums)
 from .verdicts import VERDICTS, claim
 
 __all__ = [
     "ALPHAS", "CI_LEVEL", "CONSTANT_RTOL", "COVARIATE_SCALE", "KINDS", "MAX_LEVELS", "SPLINE_KNOTS", "STRATUM_SIZE",
-    "VERDICTS", "Deconfounded", "RidgeBasis", "RidgeFit", "as_float64", "bootstrap", "bootstrap_means",
-    "bootstrap_pearson", "bootstrap_r2", "bootstrap_ratio", "bounds", "centre_within", "claim", "corr_columns",
-    "covariate_basis", "cross_fitted_ridge", "deconfounded_correlation", "fine_strata", "fit_ridge", "group_folds",
+    "VERDICTS", "Deconfounded", "RidgeBasis", "RidgeFit", "as_float64", "bootstrap", "bootstrap_mean_draws",
+    "bootstrap_means", "bootstrap_pearson", "bootstrap_r2", "bootstrap_ratio", "bounds", "centre_within", "claim",
+    "corr_columns", "covariate_basis", "cross_fitted_ridge", "deconfounded_correlation", "fine_strata", "fit_ridge", "group_folds",
     "group_ids", "group_permutations", "interval", "is_constant", "p_value", "percentile_of", "permutations", "r2",
     "resample_counts", "resampled_sums", "residual_confounding", "residualize", "significant", "snap",
 ]

@@ -72,14 +72,21 @@ def resampled_sums(columns, groups=None, *, n_boot: int, seed) -> np.ndarray:
     return (resample_counts(g, n_boot, seed) @ sums).reshape((n_boot,) + x.shape[1:])
 
 
-def bootstrap_means(x, groups=None, *, n_boot: int, seed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Means over the rows of ``x`` [n, ...] with a percentile bootstrap over groups: (means, lows, highs), each
-    of x's trailing shape. With groups of unequal size a resample's mean is over the rows it holds."""
+def bootstrap_mean_draws(x, groups=None, *, n_boot: int, seed) -> np.ndarray:
+    """[n_boot, ...] the means of ``x`` [n, ...] over bootstrap resamples of whole groups (the draws behind
+    ``bootstrap_means``, for a p-value against them). With groups of unequal size a resample's mean is over the rows
+    it holds."""
     x = as_float64(x)
     both = resampled_sums(np.concatenate([x.reshape(len(x), -1), np.ones((len(x), 1))], axis=1), groups,
                           n_boot=n_boot, seed=seed)
-    boots = (both[:, :-1] / both[:, -1:]).reshape((n_boot,) + x.shape[1:])
-    low, high = bounds(boots)
+    return (both[:, :-1] / both[:, -1:]).reshape((n_boot,) + x.shape[1:])
+
+
+def bootstrap_means(x, groups=None, *, n_boot: int, seed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Means over the rows of ``x`` [n, ...] with a percentile bootstrap over groups: (means, lows, highs), each
+    of x's trailing shape (``bootstrap_mean_draws``)."""
+    x = as_float64(x)
+    low, high = bounds(bootstrap_mean_draws(x, groups, n_boot=n_boot, seed=seed))
     return x.mean(0), low, high
 
 
