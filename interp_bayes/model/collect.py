@@ -44,6 +44,7 @@ REDUCTIONS = {
     "v": _final_flat,  # hook_v [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
     "z": _final_flat,  # hook_z [batch, pos, n_heads, d_head] -> n_heads * d_head
     "resid": _final_flat,  # hook_resid_post [batch, pos, d_model]
+    "resid_pre": _final_flat,  # hook_resid_pre [batch, pos, d_model]: the block's input (layer 0: the embeddings)
     "attn_entropy": _final_query_entropy,  # hook_pattern -> n_heads, bits
 }
 TOKENS_PER_BATCH = 2048  # automatic batch size: about this many tokens per forward pass
@@ -274,7 +275,8 @@ def final_position_tail(model) -> list[tuple[str, Callable]]:
     additions broadcast, so its other positions hold partial sums that nothing reads). Registered after any edit of
     the last block's ``hook_z`` or MLP input, so that edits see every position."""
     last = model.cfg.n_layers - 1
-    return [(act_name("z", last), _final_position), (module_input("mlp", last), _final_position)]
+    names = (act_name("z", last), module_input("mlp", last))
+    return [(name, _final_position) for name in names if name in model.hook_dict]  # none without attention
 
 
 def final_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -310,7 +312,8 @@ def collect(
     """Run ``prompts`` through ``model`` and keep final-token readings and the next-token entropy.
 
     readings: any of ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
-    concatenated), ``"resid"`` (residual stream after the block) and ``"attn_entropy"`` (entropy in bits of each
+    concatenated), ``"resid"`` (residual stream after the block), ``"resid_pre"`` (before it; at layer 0 the
+    embedding layer) and ``"attn_entropy"`` (entropy in bits of each
     query head's attention from the final token). ``label_tokens`` renormalises the next-token
     distribution over those ids (e.g. the two labels of an in-context task) for the entropy. ``keep_logprobs``
     keeps the full next-token log-probabilities in memory (``acts.logprobs``, [n, vocab]; not saved), e.g. for the
@@ -382,7 +385,7 @@ def collect(
     return Activations(out, entropy, token_ids, meta, label_logprobs, next_token, logprobs)
 
 
-PROBE_READINGS = ("resid", "v", "z")
+PROBE_READINGS = ("resid", "resid_pre", "v", "z")
 
 
 @torch.no_grad()
@@ -392,7 +395,7 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
 
     Returns ``{reading: {layer: [n * Q, dim] float32}}``, rows in sequence-major order (row i * Q + q is sequence
     i, query q), heads concatenated as in ``model.collect.collect``. ``readings``: any of ``"resid"`` (after the
-    block), ``"v"`` and ``"z"``; ``layers`` default to all.
+    block), ``"resid_pre"`` (before it), ``"v"`` and ``"z"``; ``layers`` default to all.
     """
     unknown = set(readings) - set(PROBE_READINGS)
     if unknown:

@@ -10,9 +10,9 @@ values; u is a unit vector there:
 - ``AxisShift(u, sigma, delta_sigma=1)``: v + delta_sigma * sigma * u
 
 Their k-dimensional generalisations, ``SubspaceCut(basis)`` (v - Pv) and ``SubspaceOnly(basis)`` (Pv), with P the
-orthogonal projector onto the span of a [k, dim] basis, act at any of three sites (``site=`` of ``intervene``):
-``"v"`` (``hook_v``), ``"z"`` (the attention output per query head, ``hook_z``) or ``"resid"`` (the residual stream
-after the block, ``hook_resid_post``).
+orthogonal projector onto the span of a [k, dim] basis, act at any of four sites (``site=`` of ``intervene``):
+``"v"`` (``hook_v``), ``"z"`` (the attention output per query head, ``hook_z``), ``"resid"`` (the residual stream
+after the block, ``hook_resid_post``) or ``"resid_pre"`` (before it, ``hook_resid_pre``; layer 0: the embeddings).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from .hooks import reading_hook
 
 # the edit sites, hooked where the reading of the same name is taken (``model.hooks.reading_hook``): hook_v
 # [batch, pos, n_kv_heads, d_head], hook_z [batch, pos, n_heads, d_head], hook_resid_post [batch, pos, d_model]
-SITES = ("v", "z", "resid")
+SITES = ("v", "z", "resid", "resid_pre")
 
 
 def site_dim(model, site: str) -> int:
-    """The flattened width of an edit site: n_kv * d_head for "v", n_heads * d_head for "z", d_model for "resid"."""
+    """The flattened width of an edit site: n_kv * d_head for "v", n_heads * d_head for "z", d_model for "resid" and "resid_pre"."""
     cfg = model.cfg
     dims = {"v": (cfg.n_key_value_heads or cfg.n_heads) * cfg.d_head, "z": cfg.n_heads * cfg.d_head,
-            "resid": cfg.d_model}
+            "resid": cfg.d_model, "resid_pre": cfg.d_model}
     if site not in dims:
         raise InterventionError(f"Unknown edit site '{site}'; choose from {', '.join(SITES)}.")
     return dims[site]
@@ -183,7 +183,8 @@ def _check_edit(model, idx: int, op, site: str, allow_layer_mismatch: bool) -> N
     if vectors is not None and vectors.shape[-1] != dim:
         cfg = model.cfg
         shape = {"v": f"{cfg.n_key_value_heads or cfg.n_heads} KV heads x {cfg.d_head} = {dim}",
-                 "z": f"{cfg.n_heads} heads x {cfg.d_head} = {dim}", "resid": f"d_model = {dim}"}[site]
+                 "z": f"{cfg.n_heads} heads x {cfg.d_head} = {dim}", "resid": f"d_model = {dim}",
+                 "resid_pre": f"d_model = {dim}"}[site]
         raise InterventionError(f"The direction has {vectors.shape[-1]} numbers but {reading_hook(site, idx)} "
                                 f"has {shape}; fit the axis on this model's readings at that site.")
 
@@ -205,9 +206,9 @@ def resolve_edits(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]
 def intervene(model, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]], *, site: str = "v",
               allow_layer_mismatch: bool = False) -> Iterator:
     """Apply ``edits[layer]`` at ``site`` of each layer (negative: from the end) at every position: ``"v"`` (hook_v,
-    the default), ``"z"`` (hook_z) or ``"resid"`` (hook_resid_post). The hooks are removed on exit, also after an
-    exception. An operator built from an ``EntropyAxis`` remembers the axis' layer, and applying it at another layer
-    is refused unless ``allow_layer_mismatch`` is set."""
+    the default), ``"z"`` (hook_z), ``"resid"`` (hook_resid_post) or ``"resid_pre"`` (hook_resid_pre). The hooks
+    are removed on exit, also after an exception. An operator built from an ``EntropyAxis`` remembers the axis'
+    layer, and applying it at another layer is refused unless ``allow_layer_mismatch`` is set."""
     resolved = resolve_edits(model, edits, site=site, allow_layer_mismatch=allow_layer_mismatch)
     hooks = [(reading_hook(site, idx), lambda v, hook, op=op: op(v)) for idx, op in resolved.items()]
     with model.hooks(fwd_hooks=hooks):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from functools import cache
 
-READING_SITES = {"v": "v", "z": "z", "resid": "resid_post", "attn_entropy": "pattern"}  # reading -> TL site
+# reading -> TL site; "resid_pre" at layer 0 is the embedding layer (token + position embeddings, before any block)
+READING_SITES = {"v": "v", "z": "z", "resid": "resid_post", "resid_pre": "resid_pre", "attn_entropy": "pattern"}
 
 
 @cache
@@ -22,7 +23,7 @@ def act_name(site: str, layer: int | None = None) -> str:
 
 
 def reading_hook(reading: str, layer: int) -> str:
-    """The hook a reading (``v``, ``z``, ``resid``, ``attn_entropy``) is taken from at ``layer``."""
+    """The hook a reading (``v``, ``z``, ``resid``, ``resid_pre``, ``attn_entropy``) is taken from at ``layer``."""
     return act_name(READING_SITES[reading], layer)
 
 
