@@ -210,3 +210,26 @@ def test_train_cli_end_to_end(tmp_path, arch):
     assert meta["config"]["arch"] == arch and meta["eval"]
     model, cfg = load_windtunnel(out)
     assert n_params(model) == meta["n_params"]
+
+
+class CollectingContext:
+    """The two things ``kinds.windtunnel.windtunnel_set`` asks of a sweep: its layers and an activation set."""
+
+    config = type("Config", (), {"layers": "all"})()
+
+    def activations(self, label, prompts, *, model, model_id, layers, readings, label_tokens):
+        return ib.collect(model, prompts, layers=layers, readings=readings, label_tokens=label_tokens, progress=False)
+
+
+@pytest.mark.parametrize("arch", ["lstm", "mamba"])
+def test_the_windtunnel_prompt_set_of_the_probes_reads_any_architecture(tmp_path, arch):
+    from interp_bayes.core.errors import ConfigError
+    from interp_bayes.kinds.windtunnel import windtunnel_set
+
+    model, cfg, task = tiny(arch)
+    save_folder(model, cfg, task, tmp_path, {})
+    wt = windtunnel_set(CollectingContext(), str(tmp_path), 3, 0, layers="all", readings=("resid", "resid_pre"))
+    assert wt.layers == [0, 1]
+    assert wt.acts.reading("resid_pre", 0).shape == (len(wt.prompts), wt.model.cfg.d_model)
+    with pytest.raises(ConfigError, match="no attention"):  # the windtunnel kind's value vectors: refused, said why
+        windtunnel_set(CollectingContext(), str(tmp_path), 3, 0, layers="all", readings=("v", "attn_entropy"))
