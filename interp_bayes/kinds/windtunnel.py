@@ -71,11 +71,12 @@ def task_of(folder: Path):
 
 
 def load_windtunnel_task(name: str):
-    """(the bridge, the task) of a packaged wind-tunnel checkpoint's name or a trained folder."""
-    from ..model.loading import load_model
+    """(the model, the task) of a packaged wind-tunnel checkpoint's name or a trained folder: a bridge for an HF
+    checkpoint (transformer, Mamba), TransformerLens-hooked otherwise (``windtunnel.configs.load_windtunnel``)."""
+    from ..windtunnel.configs import load_windtunnel
 
     folder = checkpoint_folder(name)
-    return load_model(folder), task_of(folder)
+    return load_windtunnel(folder)[0], task_of(folder)
 
 
 @dataclass
@@ -94,13 +95,19 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
     """The bridge, the task, the prompts of ``n_sequences`` sequences (``windtunnel_prompts``) and their
     activations at ``layers`` (a layer parameter resolved against the checkpoint's own depth; None: the sweep's
     ``layers``), from the run folder's cache, with the task's hypothesis tokens as the label tokens."""
-    from ..model.loading import model_identity
+    from ..core.errors import ConfigError
     from ..core.layers import resolve_layers
+    from ..model.hooks import reading_hook
+    from ..model.loading import model_identity
 
     folder = checkpoint_folder(checkpoint)
     model, task = load_windtunnel_task(checkpoint)
     prompts, cols = windtunnel_prompts(task, n_sequences, seed)
     idx = resolve_layers(layers, model.cfg.n_layers, ctx.config.layers)
+    missing = [r for r in readings if reading_hook(r, idx[0]) not in model.hook_dict]
+    if missing:  # the LSTM, Mamba and the MLPs have no attention: no value vectors, no patterns
+        raise ConfigError(f"Wind tunnel {checkpoint} has no hook for the reading(s) {missing} (it has no attention); "
+                          "read it at the residual stream ('resid', 'resid_pre') instead.")
     acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=model_identity(folder),
                            layers=idx, readings=readings, label_tokens=task.hypothesis_ids)
     acts.with_groups(cols["sequence"])  # the prefixes of one sequence are not independent: it is the unit

@@ -275,7 +275,8 @@ def final_position_tail(model) -> list[tuple[str, Callable]]:
     additions broadcast, so its other positions hold partial sums that nothing reads). Registered after any edit of
     the last block's ``hook_z`` or MLP input, so that edits see every position."""
     last = model.cfg.n_layers - 1
-    return [(act_name("z", last), _final_position), (module_input("mlp", last), _final_position)]
+    names = (act_name("z", last), module_input("mlp", last))
+    return [(name, _final_position) for name in names if name in model.hook_dict]  # none without attention
 
 
 def final_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -311,7 +312,8 @@ def collect(
     """Run ``prompts`` through ``model`` and keep final-token readings and the next-token entropy.
 
     readings: any of ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
-    concatenated), ``"resid"`` (residual stream after the block) and ``"attn_entropy"`` (entropy in bits of each
+    concatenated), ``"resid"`` (residual stream after the block), ``"resid_pre"`` (before it; at layer 0 the
+    embedding layer) and ``"attn_entropy"`` (entropy in bits of each
     query head's attention from the final token). ``label_tokens`` renormalises the next-token
     distribution over those ids (e.g. the two labels of an in-context task) for the entropy. ``keep_logprobs``
     keeps the full next-token log-probabilities in memory (``acts.logprobs``, [n, vocab]; not saved), e.g. for the

@@ -1,5 +1,5 @@
-"""Training configs, presets, tasks by name, the two model families (an HF transformer and an MLP baseline), and
-loading a trained folder.
+"""Training configs, presets, tasks by name, the model families (an HF transformer; capacity-matched to it, the
+per-position MLP, the context MLP, the LSTM and HF's Mamba-2: ``build_model``), and loading a trained folder.
 
 The transformer is a plain ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU MLP, tied embeddings:
 the paper's architecture; absolute positions matter for the HMM, whose matrix entries are identified only by
@@ -9,7 +9,8 @@ every head dimension in place of the position table), for tasks whose lookup is 
 replacement must find an earlier copy of the current key, wherever it sits; ``positions="none"`` is that GPT-NeoX
 with rotary on no dimension (NoPE: only the causal mask tells positions apart), the control of the martingale test
 averaged over orderings. The MLP baseline has the same embeddings and read-out but no attention: each position sees
-only its own token and index.
+only its own token and index. The other families are in ``archs`` (hooked with TransformerLens's names) and
+``build_mamba``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig
+from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, Mamba2Config
 
 from ..core.errors import ConfigError
 from ..tasks.bijection import BijectionTask
@@ -31,7 +31,7 @@ from ..tasks.kalman import KalmanTask
 from ..tasks.recall import RecallTask
 
 TASKS = {"bijection": BijectionTask, "hmm": HMMTask, "kalman": KalmanTask, "recall": RecallTask}
-MLP_MODEL_TYPE = "windtunnel_mlp"
+ARCHS = ("transformer", "mlp", "mlp-context", "lstm", "mamba")
 AUTOCAST = ("none", "bfloat16")  # TrainConfig.autocast
 
 
@@ -41,7 +41,7 @@ class TrainConfig:
 
     task: str = "bijection"
     task_kwargs: dict[str, Any] = field(default_factory=dict)
-    arch: str = "transformer"  # "transformer" | "mlp"
+    arch: str = "transformer"  # one of ARCHS; every one but the transformer capacity-matched to it (build_model)
     positions: str = "learned"  # transformer positions: "learned" (GPT-2) | "rotary" (GPT-NeoX of the same shape)
     # | "none" (NoPE: that GPT-NeoX with rotary on no dimension; only the causal mask tells positions apart)
     n_layers: int = 2
@@ -257,61 +257,26 @@ def nope_config(cfg: TrainConfig, task: BijectionTask | HMMTask) -> GPTNeoXConfi
 POSITION_CONFIGS = {"learned": gpt2_config, "rotary": neox_config, "none": nope_config}
 
 
-class MLPBaseline(nn.Module):
-    """Per-position residual MLP over token + position embeddings, tied read-out; no mixing across positions.
-
-    The capacity-matched control of Paper I: it can learn any function of (token, position) but not of the
-    context, so the best it can do is a position-wise average belief.
-    """
-
-    def __init__(self, vocab_size: int, n_positions: int, d_model: int, n_blocks: int, d_hidden: int) -> None:
-        super().__init__()
-        self.config = dict(model_type=MLP_MODEL_TYPE, vocab_size=vocab_size, n_positions=n_positions,
-                           d_model=d_model, n_blocks=n_blocks, d_hidden=d_hidden)
-        self.wte = nn.Embedding(vocab_size, d_model)
-        self.wpe = nn.Embedding(n_positions, d_model)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, d_hidden), nn.GELU(),
-                          nn.Linear(d_hidden, d_model))
-            for _ in range(n_blocks)
-        )
-        self.ln_f = nn.LayerNorm(d_model)
-        for p in self.parameters():
-            if p.dim() >= 2:
-                nn.init.normal_(p, std=0.02)
-
-    def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """``input_ids`` [batch, pos] (or their embeddings [batch, pos, d], as HF's) -> logits [batch, pos, vocab]."""
-        tok = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
-        h = tok + self.wpe(torch.arange(tok.shape[1], device=tok.device))
-        for block in self.blocks:
-            h = h + block(h)
-        return self.ln_f(h) @ self.wte.weight.T
-
-    def save_pretrained(self, folder: str | Path) -> None:
-        """config.json + model.safetensors, the same files an HF folder has."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(self.config, indent=2))
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(folder / "model.safetensors"))
-
-    @classmethod
-    def from_pretrained(cls, folder: str | Path) -> MLPBaseline:
-        folder = Path(folder)
-        conf = json.loads((folder / "config.json").read_text())
-        conf.pop("model_type")
-        model = cls(**conf)
-        model.load_state_dict(load_file(str(folder / "model.safetensors")))
-        return model.eval()
-
-
 def load_windtunnel(folder: str | Path) -> tuple[nn.Module, TrainConfig]:
-    """A trained folder's model (the transformer booted through ``ib.load_model``, or the MLP) and its config."""
+    """A trained folder's model and its config: an HF checkpoint (transformer, Mamba) booted through
+    ``ib.load_model``, or one of ``archs.MODEL_TYPES`` (the MLPs, the LSTM) with the folder's tokenizer."""
     folder = Path(folder)
     cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    if json.loads((folder / "config.json").read_text()).get("model_type") == MLP_MODEL_TYPE:
-        return MLPBaseline.from_pretrained(folder), cfg
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    if model_type is not None and model_type.startswith("windtunnel_"):
+        from transformers import PreTrainedTokenizerFast
+
+        from ..model.loading import ModelInfo
+        from .archs import MODEL_TYPES
+
+        if model_type not in MODEL_TYPES:
+            raise ConfigError(f"{folder} holds a model of type {model_type!r}, which this version cannot build; "
+                              f"known: {', '.join(sorted(MODEL_TYPES))}.")
+        model = MODEL_TYPES[model_type].from_pretrained(folder)
+        model._ib_tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # read by collect, as a bridge's
+        model._ib_info = ModelInfo(name=str(folder), source=str(folder), family=model_type, dtype="float32",
+                                   n_params=n_params(model))
+        return model, cfg
     from ..model.loading import load_model
 
     return load_model(str(folder)), cfg
@@ -331,9 +296,11 @@ def build_transformer(cfg: TrainConfig, task: BijectionTask | HMMTask) -> nn.Mod
     return AutoModelForCausalLM.from_config(POSITION_CONFIGS[cfg.positions](cfg, task), attn_implementation="sdpa")
 
 
-def build_mlp(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> MLPBaseline:
+def build_mlp(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> nn.Module:
     """MLP baseline with the transformer's embeddings and ``n_layers`` blocks, hidden width solved so that its
     parameter count matches ``target_params`` (default: the transformer of the same config) to within 2%."""
+    from .archs import MLPBaseline
+
     target = target_params or n_params(build_transformer(cfg, task))
     vocab, npos, d, nb = len(task.vocab) + 1, n_positions(cfg, task), cfg.d_model, cfg.n_layers
     fixed = (vocab + npos) * d + 2 * d + nb * 3 * d  # embeddings, final LN, per-block LN + output bias
@@ -344,10 +311,90 @@ def build_mlp(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: in
     return model
 
 
+CONTEXT_SHARE = 1 / 3  # the context MLP's window projection takes about this share of the parameters
+
+
+def build_mlp_context(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> nn.Module:
+    """The context-seeing MLP (``archs.ContextMLP``): a window over the whole context (``n_positions``), ``n_layers``
+    residual blocks of width ``d_model``. The per-token embedding width is set so that the window projection takes
+    about ``CONTEXT_SHARE`` of the target, then the blocks' hidden width is solved to match the target (default: the
+    transformer of the same config) within 2%."""
+    from .archs import ContextMLP, solve_width
+
+    target = target_params or n_params(build_transformer(cfg, task))
+    vocab, npos, d, nb = len(task.vocab) + 1, n_positions(cfg, task), cfg.d_model, cfg.n_layers
+    d_embed = max(1, round(CONTEXT_SHARE * target / (npos * d)))
+    hidden = solve_width(lambda h: ContextMLP(vocab, npos, d_embed, d, nb, h), target, what="context MLP")
+    return ContextMLP(vocab, npos, d_embed, d, nb, hidden)
+
+
+def build_lstm(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> nn.Module:
+    """The LSTM (``archs.LSTMWindtunnel``) with the transformer's layer count (the authors' choice), its width
+    solved to match ``target_params`` (default: the transformer of the same config) within 2%."""
+    from .archs import LSTMWindtunnel, solve_width
+
+    target = target_params or n_params(build_transformer(cfg, task))
+    vocab, npos = len(task.vocab) + 1, n_positions(cfg, task)
+    width = solve_width(lambda d: LSTMWindtunnel(vocab, npos, d, cfg.n_layers), target, what="LSTM")
+    return LSTMWindtunnel(vocab, npos, width, cfg.n_layers)
+
+
+MAMBA_HEAD_DIM = 16  # Mamba-2 head width: the model width moves in steps of 8, so that 2 * width / 16 heads fit
+MAMBA_STATE = 16  # the authors' d_state; changed only where the width's steps of 8 miss the 2% match
+
+
+def mamba_config(cfg: TrainConfig, task: BijectionTask | HMMTask, d_model: int,
+                 state: int = MAMBA_STATE) -> Mamba2Config:
+    """HF's Mamba-2 with the authors' block settings (state 16, conv 4, expand 2) and the transformer's layer
+    count, heads of ``MAMBA_HEAD_DIM``, tied embeddings, no position table (the recurrence sees order). Mamba-2, not
+    Mamba-1: without the CUDA kernels, HF's Mamba-1 scans position by position and its backward pass costs ~60x the
+    transformer's training step on CPU; Mamba-2's pure-torch path is chunked (~5x)."""
+    special = len(task.vocab)
+    return Mamba2Config(vocab_size=special + 1, hidden_size=d_model, num_hidden_layers=cfg.n_layers, state_size=state,
+                        conv_kernel=4, expand=2, head_dim=MAMBA_HEAD_DIM, num_heads=2 * d_model // MAMBA_HEAD_DIM,
+                        n_groups=1, chunk_size=64, tie_word_embeddings=True, use_cache=False,
+                        bos_token_id=special, eos_token_id=special, pad_token_id=special)
+
+
+def build_mamba(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> nn.Module:
+    """A fresh ``Mamba2ForCausalLM`` (``mamba_config``) matched to ``target_params`` (default: the transformer of the
+    same config) within 2%: the width (a multiple of 8) nearest the target at the authors' state size, or a
+    neighbour of it; only where none of them is within 2%, the state size is solved per width and the width whose
+    state lies nearest 16 is kept. Saved as an HF
+    folder, it boots through ``ib.load_model`` (TransformerBridge's Mamba-2 adapter)."""
+    from transformers import Mamba2ForCausalLM
+
+    from .archs import count_on_meta, nearest_width, within
+
+    target = target_params or n_params(build_transformer(cfg, task))
+
+    def count(width: int, state: int = MAMBA_STATE) -> int:
+        return count_on_meta(lambda: Mamba2ForCausalLM(mamba_config(cfg, task, width, state)))
+
+    nearest = 8 * nearest_width(lambda w: Mamba2ForCausalLM(mamba_config(cfg, task, 8 * w)), target, hi=1 << 10)
+    widths = [w for w in (nearest, nearest - 8, nearest + 8) if w > 0]
+    matched = [w for w in widths if within(count(w), target)]
+    if matched:
+        return Mamba2ForCausalLM(mamba_config(cfg, task, matched[0]))
+    # the state size nearest the target at each width; keep the width whose state lies nearest the authors' 16
+    states = {w: nearest_width(lambda s: Mamba2ForCausalLM(mamba_config(cfg, task, w, s)), target, hi=1 << 9)
+              for w in widths}
+    width = min((w for w in widths if within(count(w, states[w]), target)), default=nearest,
+                key=lambda w: abs(states[w] - MAMBA_STATE))
+    state = states.get(width, MAMBA_STATE)
+    if not within(count(width, state), target):
+        raise ValueError(f"No Mamba width and state size come within 2% of {target} parameters; change n_layers or "
+                         "d_model.")
+    return Mamba2ForCausalLM(mamba_config(cfg, task, width, state))
+
+
+BUILDERS = {"mlp": build_mlp, "mlp-context": build_mlp_context, "lstm": build_lstm, "mamba": build_mamba}
+
+
 def build_model(cfg: TrainConfig, task: BijectionTask | HMMTask) -> nn.Module:
-    """The model a config trains: transformer or capacity-matched MLP."""
+    """The model a config trains: the transformer, or another of ``ARCHS`` matched to its parameter count."""
     if cfg.arch == "transformer":
         return build_transformer(cfg, task)
-    if cfg.arch == "mlp":
-        return build_mlp(cfg, task)
-    raise ValueError(f"unknown arch {cfg.arch!r}; use 'transformer' or 'mlp'.")
+    if cfg.arch not in BUILDERS:
+        raise ConfigError(f"Unknown arch {cfg.arch!r}; use one of {', '.join(ARCHS)}.")
+    return BUILDERS[cfg.arch](cfg, task)

@@ -31,7 +31,8 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..core.store import atomic_write_text
 from ..tasks.base import from_worker, sample_in_worker
-from .configs import PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params, n_positions
+from .configs import (ARCHS, PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params,
+                      n_positions)
 from .evaluate import evaluate_windtunnel
 from .table import task_entry
 from .tokenizer import save_tokenizer
@@ -52,7 +53,7 @@ def length_at(step: int, cfg: TrainConfig) -> int | None:
 
 
 def save_folder(model: nn.Module, cfg: TrainConfig, task: Any, folder: Path, extra: dict[str, Any]) -> None:
-    """Weights + HF config + tokenizer + windtunnel.json: a folder ib.load_model (or MLPBaseline) can boot."""
+    """Weights + HF config + tokenizer + windtunnel.json: a folder ``configs.load_windtunnel`` boots."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     save_tokenizer(task.vocab, folder)
@@ -256,7 +257,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                         help="; ".join(f"{task}: {' | '.join(presets)}" for task, presets in sorted(PRESETS.items())))
     parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arch", choices=["transformer", "mlp"], default="transformer")
+    parser.add_argument("--arch", choices=ARCHS, default="transformer",
+                        help="model family; all but the transformer are matched to its parameter count")
     parser.add_argument("--steps", type=int, default=None, help="override the preset's step count")
     parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
