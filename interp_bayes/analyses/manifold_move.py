@@ -97,7 +97,9 @@ def manifold_move(states, spread, mean, readout: Readout, *, fit_idx, eval_idx, 
     for k, rows in real.items():
         d = np.sqrt(((x[rows][:, None] - x[rows][None]) ** 2).sum(-1))
         np.fill_diagonal(d, np.inf)
-        scale[k] = float(np.median(d.min(1)))
+        nearest = d.min(1)
+        nearest = nearest[np.isfinite(nearest) & (nearest > 0)]  # identical prompts (e.g. one shown number) share a state
+        scale[k] = float(np.median(nearest)) if len(nearest) else float("nan")
     for i in eval_idx:
         pool = real[strata[i]]
         pool = pool[groups[pool] != groups[i]]
