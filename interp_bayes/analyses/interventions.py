@@ -1,6 +1,12 @@
 """Interventions on the entropy axis during in-context learning, against control axes, and what they change in the
 geometry and in the Bayesian behaviour (Paper III §4.6, methods §3.8). The operators are ``model.edits``; the controls
-``analyses.controls``."""
+``analyses.controls``.
+
+Beside the linear edits (cut / only / shift), two on-manifold ablations (``model.edits.ONMANIFOLD_OPS``) set the
+component along an axis to values the data gives: ``resample``, another evaluation prompt's component of the same
+stratum (task column ``k``: the number of examples for SULA, the query position for a wind tunnel; donors from
+``stats.donors_within``, seeded, never the prompt itself, never a prompt the axes were fitted on), and ``mean``, the
+stratum's mean component over the evaluation prompts. A control direction is ablated the same way along itself."""
 
 from __future__ import annotations
 
@@ -11,9 +17,9 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.results import Row
-from ..model.edits import OPS, make_op, resolve_edits
+from ..model.edits import ONMANIFOLD_OPS, OPS, make_op, onmanifold_op, resolve_edits
 from ..model.prefix import EditedRun, edited_runs
-from ..stats import as_float64, bootstrap, interval, percentile_of
+from ..stats import as_float64, bootstrap, donors_within, interval, percentile_of
 from .controls import CONTROL_FAMILIES, FULL_CONTROLS, control_directions
 
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")  # what ``summarize`` reports by default
@@ -34,7 +40,7 @@ def measure_unit(metric: str) -> str:
 
 @dataclass(frozen=True)
 class EditProtocol:
-    """The edits of the protocol: every operator (``model.edits.OPS``) on every layer set (its layers edited
+    """The edits of the protocol: every operator (``model.edits.OPS`` and ``ONMANIFOLD_OPS``) on every layer set (its layers edited
     together, each along its own axis), for the true axis and for ``controls`` (control family of
     ``CONTROL_FAMILIES`` -> number of draws; by default ``FULL_CONTROLS``, the paper's), drawn with ``seed``."""
 
@@ -47,6 +53,9 @@ class EditProtocol:
         unknown = sorted(set(self.controls) - set(CONTROL_FAMILIES))
         if unknown:
             raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: {', '.join(CONTROL_FAMILIES)}.")
+        bad = sorted(set(self.ops) - set(OPS + ONMANIFOLD_OPS))
+        if bad:
+            raise ConfigError(f"Unknown intervention {', '.join(bad)}; choose from {', '.join(OPS + ONMANIFOLD_OPS)}.")
         object.__setattr__(self, "layer_sets", tuple(tuple(s) for s in self.layer_sets))
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "controls", dict(self.controls))
@@ -55,6 +64,11 @@ class EditProtocol:
     def layers(self) -> list[int]:
         """Every layer some set edits: the layers that need an axis."""
         return sorted({layer for s in self.layer_sets for layer in s})
+
+    @property
+    def onmanifold(self) -> bool:
+        """Whether some operator sets per-prompt values (and so needs every prompt's values at every position)."""
+        return any(op in ONMANIFOLD_OPS for op in self.ops)
 
 
 @dataclass
@@ -65,6 +79,7 @@ class InterventionResult:
     baseline: dict
     n_forward_prompts: int
     true_entropy: dict  # (layer set, op) -> [n] model entropy under the true-axis edit, for bootstrap intervals
+    donors: np.ndarray | None = None  # [n] the resample ablation's donor of each prompt (an index into the prompts)
 
     def table(self):
         """The rows as a pandas DataFrame (tidy: one measurement set per row)."""
@@ -117,19 +132,31 @@ def _geometry(run: EditedRun, directions: dict[int, np.ndarray], spread: dict[in
     return out
 
 
-def plan_edits(model, axes: dict, fit_values: dict, protocol: EditProtocol) -> tuple[list[tuple], list[dict], dict]:
+def plan_edits(model, axes: dict, fit_values: dict, protocol: EditProtocol, *, token_vals: dict | None = None,
+               strata=None, donors=None) -> tuple[list[tuple], list[dict], dict]:
     """Every edit of the protocol: ([(layer set, op, kind, draw)], the matching edits layer -> operator, and per
     layer the control draws ``control_directions`` gave), kinds ordered true axis first, then the families of
-    ``protocol.controls`` in their order."""
+    ``protocol.controls`` in their order. The on-manifold operators need the evaluation prompts' values at every
+    position (``token_vals``: layer -> [len_i, dim] per prompt, ``model.collect.token_values``), their ``strata`` and
+    the resample ``donors`` (``stats.donors_within``)."""
     controls = protocol.controls
     drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, controls, layer=layer,
                                        seed=protocol.seed) for layer in sorted(axes)}
     kinds = [("true", 0)] + [(fam, i) for fam, count in controls.items() for i in range(count)]
     plan = [(layer_set, op, kind, draw) for layer_set in protocol.layer_sets for op in protocol.ops
             for kind, draw in kinds]
-    edits = [resolve_edits(model, {layer: make_op(op, torch.tensor(
-        as_float64(axes[layer].direction) if kind == "true" else drawn[layer][kind][0][draw]), axes[layer].sigma)
-        for layer in layer_set}) for layer_set, op, kind, draw in plan]
+    if protocol.onmanifold and token_vals is None:
+        raise ConfigError("The on-manifold interventions need the evaluation prompts' values at every position; pass "
+                          "token_vals, strata and donors (run_interventions does).")
+
+    def op_of(op: str, layer: int, kind: str, draw: int):
+        u = torch.tensor(as_float64(axes[layer].direction) if kind == "true" else drawn[layer][kind][0][draw])
+        if op in ONMANIFOLD_OPS:
+            return onmanifold_op(op, u, token_vals[layer], strata, donors)
+        return make_op(op, u, axes[layer].sigma)
+
+    edits = [resolve_edits(model, {layer: op_of(op, layer, kind, draw) for layer in layer_set})
+             for layer_set, op, kind, draw in plan]
     return plan, edits, drawn
 
 
@@ -155,7 +182,14 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
 
     layers = sorted(axes)
     true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
-    plan, edits, drawn = plan_edits(model, axes, fit_values, protocol)
+    onmanifold = {}
+    if protocol.onmanifold:  # donors among these (evaluation) prompts only, of the same k
+        from ..model.collect import token_values
+
+        strata = np.asarray(task["k"])
+        onmanifold = dict(token_vals=token_values(model, prompts, protocol.layers, batch_size=batch_size),
+                          strata=strata, donors=donors_within(strata, protocol.seed))
+    plan, edits, drawn = plan_edits(model, axes, fit_values, protocol, **onmanifold)
 
     with tqdm(total=len(edits) * len(prompts), desc="interventions", unit="prompt", disable=not progress) as bar:
         base, *runs = edited_runs(model, prompts, edits, layers=layers, label_tokens=label_tokens,
@@ -177,7 +211,7 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
         rows.append(row)
         if kind == "true":
             true_entropy[(row["layer_set"], op)] = h
-    return InterventionResult(rows, baseline, (1 + len(plan)) * len(prompts), true_entropy)
+    return InterventionResult(rows, baseline, (1 + len(plan)) * len(prompts), true_entropy, onmanifold.get("donors"))
 
 
 def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boot: int = 1000,

@@ -284,23 +284,35 @@ def figures(probes) -> list[Figure]:
     return out
 
 
-def readout_claim(rows: list[Row], subject: str = "", section: str = ""):
-    """The claim that the axis is a readout, not a bottleneck: cutting it at the widest layer set harms the
-    in-context MAE no more than cutting matched random axes (None without such a row)."""
+READOUT_OPS = {"cut": "cut", "resample": "resample ablation, on the manifold",
+               "mean": "stratum-mean ablation, on the manifold"}  # op -> how the claim names it
+
+
+def readout_claim(rows: list[Row], subject: str = "", section: str = "", op: str = "cut"):
+    """The claim that the axis is a readout, not a bottleneck: ablating it (``op``: the linear cut, or the
+    on-manifold ``resample`` / ``mean``) at the widest layer set harms the in-context MAE no more than ablating
+    matched random axes the same way (None without such a row). Claim keys: ``readout``, ``readout-resample``,
+    ``readout-mean``."""
     from ..stats import ledger as L
     from ..core.plugin import Claim
 
-    cuts = select(rows, "effect", op="cut", measure="mae_k_ge_1", family="true")
+    cuts = select(rows, "effect", op=op, measure="mae_k_ge_1", family="true")
     if not cuts:
         return None
     row = max(cuts, key=lambda r: len(str(r.scope.get("layer_set", "")).split("+")))
-    return Claim("readout", f"The axis is a readout, not a bottleneck (cut at L{row.scope.get('layer_set')}: change "
-                 "in MAE k >= 1, bits)", L.not_beyond_null(row), L.fmt(row), subject=subject, section=section)
+    key = "readout" if op == "cut" else f"readout-{op}"
+    return Claim(key, f"The axis is a readout, not a bottleneck ({READOUT_OPS[op]} at L{row.scope.get('layer_set')}: "
+                 "change in MAE k >= 1, bits)", L.not_beyond_null(row), L.fmt(row), subject=subject, section=section)
+
+
+def readout_claims(rows: list[Row], subject: str = "", section: str = "") -> list:
+    """``readout_claim`` for every ablation the run holds (the cut, then the on-manifold ones)."""
+    out = [readout_claim(rows, subject, section, op) for op in READOUT_OPS]
+    return [c for c in out if c is not None]
 
 
 def ledger(probes) -> list:
-    out = [readout_claim(p.rows, section=f"fig-interventions-{p.name}") for p in probes]
-    return [c for c in out if c is not None]
+    return [c for p in probes for c in readout_claims(p.rows, section=f"fig-interventions-{p.name}")]
 
 
 KIND = register(Kind("interventions", InterventionsParams, run, summary, figures, plan, doc=__doc__, ledger=ledger))

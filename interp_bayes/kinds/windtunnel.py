@@ -274,7 +274,7 @@ def ledger(probes) -> list:
     entropy beyond the query position, and the axis as a readout (the interventions kind's claim)."""
     from ..stats import ledger as L
     from ..core.plugin import Claim
-    from .interventions import readout_claim
+    from .interventions import readout_claims
     from .manifold import DOMINANT
 
     out = []
@@ -297,9 +297,7 @@ def ledger(probes) -> list:
             out.append(Claim("wt-pc1-bayes", "PC1 tracks the exact posterior's entropy beyond the query position",
                              L.from_deconfounded(claim), text, subject=tunnel,
                              section=f"fig-windtunnel-geometry-{p.name}"))
-        readout = readout_claim(p.rows, tunnel, f"fig-interventions-{p.name}")
-        if readout is not None:
-            out.append(readout)
+        out += readout_claims(p.rows, tunnel, f"fig-interventions-{p.name}")
     return out
 
 

@@ -385,6 +385,36 @@ def collect(
     return Activations(out, entropy, token_ids, meta, label_logprobs, next_token, logprobs)
 
 
+@torch.no_grad()
+def token_values(model, prompts, layers: Sequence[int], *, site: str = "v",
+                 batch_size: int | None = None) -> dict[int, list[torch.Tensor]]:
+    """Per layer, every prompt's reading at ``site`` at every position: [len_i, dim] float32 on the CPU (heads
+    concatenated), for edits that set per-prompt values (``model.edits.onmanifold_op``). One unperturbed forward
+    per batch of equal length; keyed by ``layers`` as spelled (negative: from the end)."""
+    blocks = {layer: layer_index(layer, model.cfg.n_layers) for layer in layers}
+    token_ids = tokenize(model, prompts)
+    check_prompts(token_ids, prompts, model.cfg.n_ctx)
+    device = next(model.parameters()).device
+    out: dict[int, list] = {layer: [None] * len(token_ids) for layer in layers}
+    got: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int) -> Callable:
+        def hook(act: torch.Tensor, hook) -> None:  # observes only
+            got[layer] = act.detach().to("cpu", torch.float32).reshape(*act.shape[:2], -1)
+        return hook
+
+    with model.hooks(fwd_hooks=[(reading_hook(site, blocks[layer]), keep(layer)) for layer in layers]):
+        for idx in length_batches(token_ids, batch_size):
+            final_logits(model, torch.tensor([token_ids[i] for i in idx], device=device))
+            for layer in layers:
+                if not torch.isfinite(got[layer]).all():
+                    raise NonFiniteActivationError(f"Non-finite values at {reading_hook(site, layer)}; check the "
+                                                   "dtype (try float32) or the model weights.")
+                for r, i in enumerate(idx):
+                    out[layer][i] = got[layer][r].clone()
+    return out
+
+
 PROBE_READINGS = ("resid", "v", "z")  # what the belief probes read by default
 QUERY_READINGS = (*PROBE_READINGS, "resid_pre")  # what query_readings can read (resid_pre at 0: the embedding)
 

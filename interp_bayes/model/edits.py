@@ -8,6 +8,9 @@ values; u is a unit vector there:
 - ``AxisCut(u, scale=0)``: v - (1 - scale)(v.u)u   (scale 1 is the identity; 0 removes the component)
 - ``AxisOnly(u)``: (v.u)u
 - ``AxisShift(u, sigma, delta_sigma=1)``: v + delta_sigma * sigma * u
+- ``AxisSet(u, targets)``: v - (v.u)u + c u, with c a per-prompt, per-position target: the on-manifold ablations
+  (``resample``: another prompt's component, as in causal scrubbing; ``mean``: the stratum's mean component), whose
+  values stay among those the data gives. It needs to know which prompts a batch holds: ``bind(index)``.
 
 Their k-dimensional generalisations, ``SubspaceCut(basis)`` (v - Pv) and ``SubspaceOnly(basis)`` (Pv), with P the
 orthogonal projector onto the span of a [k, dim] basis, act at any of four sites (``site=`` of ``intervene``):
@@ -20,8 +23,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ..core.errors import InterventionError
@@ -161,7 +165,92 @@ class SubspaceOnly(_SubspaceEdit):
         return self._split(v)[1].reshape(v.shape)
 
 
+@dataclass(frozen=True, eq=False)
+class AxisSet:
+    """v - (v.u)u + c u: the component along u set to ``targets``, one [len_i] tensor per prompt (in the order of
+    the prompt list the edit runs on, aligned with its tokens; NaN leaves that position as it is). A batch's rows
+    are prompts whose indices only the caller knows, so the operator acts once bound to them (``bind``):
+    ``model.prefix.edited_runs`` binds it per batch; by hand, ``intervene(model, {L: op.bind(range(n))})`` for a
+    batch of the first n prompts."""
+
+    direction: torch.Tensor
+    targets: tuple  # [n_prompts] float32 tensors [len_i]
+    layer: int | None = None
+    rows: tuple[int, ...] | None = None  # the prompt indices of the batch's rows, once bound
+
+    def __post_init__(self) -> None:
+        _init_direction(self)
+        object.__setattr__(self, "targets", tuple(torch.as_tensor(t, dtype=torch.float32) for t in self.targets))
+
+    def bind(self, index: Sequence[int]) -> "AxisSet":
+        """The same operator for a batch whose rows are the prompts ``index`` (the direction is not renormalised)."""
+        out = object.__new__(AxisSet)
+        for name, value in (("direction", self.direction), ("targets", self.targets), ("layer", self.layer),
+                            ("rows", tuple(int(i) for i in index))):
+            object.__setattr__(out, name, value)
+        return out
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        if self.rows is None:
+            raise InterventionError("This AxisSet sets a different value for every prompt but does not know which "
+                                    "prompts the batch holds; bind it first (op.bind(prompt indices of the rows)).")
+        u = self.direction.to(v.dtype).to(v.device)
+        flat = v.reshape(*v.shape[:2], -1)  # [batch, pos, dim] at every site (also with a single KV head)
+        par = (flat @ u)[..., None] * u
+        lengths = {len(self.targets[i]) for i in self.rows}
+        if len(self.rows) != flat.shape[0] or lengths != {flat.shape[1]}:
+            raise InterventionError(f"The edit is bound to {len(self.rows)} prompts of {sorted(lengths)} tokens but "
+                                    f"the batch has {flat.shape[0]} rows of {flat.shape[1]} tokens; bind it to the "
+                                    "indices of the prompts in this batch.")
+        c = torch.stack([self.targets[i] for i in self.rows]).to(device=v.device, dtype=v.dtype)[..., None]
+        edited = flat - par + c * u
+        return torch.where(torch.isnan(c), flat, edited).reshape(v.shape)
+
+
+def bind_edit(op, index: Sequence[int]):
+    """``op`` bound to a batch of the prompts ``index`` where it needs to know them (``AxisSet``), else ``op``."""
+    return op.bind(index) if hasattr(op, "bind") else op
+
+
+def components(values: Sequence[torch.Tensor], direction) -> list[torch.Tensor]:
+    """Per prompt, the component v.u at every position ([len_i] float32, computed in float64) of its values
+    ``values[i]`` [len_i, dim] (``model.collect.token_values``)."""
+    u = unit_direction(direction).double()
+    return [(torch.as_tensor(v).double() @ u).float() for v in values]
+
+
+def resample_targets(comps: Sequence[torch.Tensor], donors) -> list[torch.Tensor]:
+    """Per prompt i, prompt ``donors[i]``'s components aligned from the end (the final tokens match, as the query
+    does); positions before the donor's first token are NaN (left as they are)."""
+    out = []
+    for i, d in enumerate(np.asarray(donors).tolist()):
+        own, src = len(comps[i]), comps[d]
+        m = min(own, len(src))
+        t = torch.full((own,), float("nan"))
+        t[own - m:] = src[len(src) - m:]
+        out.append(t)
+    return out
+
+
+def stratum_mean_targets(comps: Sequence[torch.Tensor], strata) -> list[torch.Tensor]:
+    """Per prompt, the mean component of its stratum's prompts at each position counted from the end (float64
+    mean, over the prompts long enough to have that position; the prompt itself always does)."""
+    strata = np.asarray(strata)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(comps)
+    for s in np.unique(strata):
+        members = np.flatnonzero(strata == s).tolist()
+        width = max(len(comps[i]) for i in members)
+        padded = torch.full((len(members), width), float("nan"), dtype=torch.float64)
+        for r, i in enumerate(members):
+            padded[r, width - len(comps[i]):] = comps[i].double()
+        mean = padded.nanmean(0).float()
+        for i in members:
+            out[i] = mean[width - len(comps[i]):].clone()
+    return out
+
+
 OPS = ("cut", "only", "shift+", "shift-")
+ONMANIFOLD_OPS = ("resample", "mean")  # AxisSet ops: values the data gives (``onmanifold_op``)
 
 
 def make_op(kind: str, direction, sigma: float):
@@ -172,7 +261,20 @@ def make_op(kind: str, direction, sigma: float):
         return AxisOnly(direction)
     if kind in ("shift+", "shift-"):
         return AxisShift(direction, sigma, 1.0 if kind == "shift+" else -1.0)
-    raise InterventionError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS)}.")
+    raise InterventionError(f"Unknown intervention '{kind}'; choose from {', '.join(OPS + ONMANIFOLD_OPS)}.")
+
+
+def onmanifold_op(kind: str, direction, values: Sequence[torch.Tensor], strata, donors) -> AxisSet:
+    """An on-manifold ablation of the component along ``direction`` for the prompts whose values at the edited site
+    are ``values`` ([len_i, dim] per prompt): ``resample`` sets it to the component of prompt ``donors[i]``
+    (``stats.donors_within``: the same stratum, never the prompt itself), ``mean`` to the mean component of the
+    prompt's stratum, position by position from the end."""
+    comps = components(values, direction)
+    if kind == "resample":
+        return AxisSet(direction, resample_targets(comps, donors))
+    if kind == "mean":
+        return AxisSet(direction, stratum_mean_targets(comps, strata))
+    raise InterventionError(f"Unknown on-manifold intervention '{kind}'; choose from {', '.join(ONMANIFOLD_OPS)}.")
 
 
 def _check_edit(model, idx: int, op, site: str, allow_layer_mismatch: bool) -> None:

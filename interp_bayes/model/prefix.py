@@ -15,6 +15,9 @@ run per copy (``per_copy``).
 ``edited_runs`` runs the unperturbed model and a list of edits that way (``fast=True``), or with a whole forward
 pass per edit (``fast=False``, the reference). Both give the same numbers: bit for bit on CPU with MKL (see
 ``MIN_ROWS`` for what that takes), and to 1e-5 relative in the tests, on every family and on SmolLM2.
+
+An operator that sets per-prompt values (``model.edits.AxisSet``: the on-manifold ablations) is bound to each batch's
+prompt indices (``bind_edit``) on both paths: a copy's slice of the stacked batch holds the batch's prompts, in order.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from ..core.layers import layer_index
-from .edits import intervene
+from .edits import bind_edit, intervene
 from .hooks import reading_hook
 
 EDIT_TOKENS = 4096  # edits are stacked into one forward up to about this many tokens ...
@@ -134,14 +137,31 @@ def edited_runs(model, prompts: list, edits: list[dict[int, Callable]], *, layer
 def _naive_runs(model, prompts: list, edits: list[dict], *, layers: list[int], label_tokens: list[int],
                 batch_size: int | None, tick: Callable[[int], object]) -> list[EditedRun]:
     """Each run a whole forward pass over every prompt: ``collect`` under ``intervene``."""
-    from .collect import collect
+    from .collect import collect, length_batches, tokenize
 
     def run(edit: dict) -> tuple[EditedRun, torch.Tensor]:
-        with intervene(model, edit):
-            acts = collect(model, prompts, layers=layers, readings=("v",), label_tokens=label_tokens,
-                           batch_size=batch_size, keep_logprobs=True, progress=False)
-        return EditedRun(acts.entropy, acts.label_logprobs, {layer: acts.values(layer) for layer in layers}), \
-            acts.logprobs
+        if not any(hasattr(op, "bind") for op in edit.values()):
+            with intervene(model, edit):
+                acts = collect(model, prompts, layers=layers, readings=("v",), label_tokens=label_tokens,
+                               batch_size=batch_size, keep_logprobs=True, progress=False)
+            return EditedRun(acts.entropy, acts.label_logprobs, {layer: acts.values(layer) for layer in layers}), \
+                acts.logprobs
+        # per-prompt values: one whole forward per batch of equal length, the edit bound to that batch's prompts
+        n = len(prompts)
+        out = EditedRun(torch.empty(n), torch.empty(n, len(label_tokens)), {})
+        logprobs = None
+        for idx in length_batches(tokenize(model, prompts), batch_size):
+            with intervene(model, {layer: bind_edit(op, idx) for layer, op in edit.items()}):
+                acts = collect(model, [prompts[i] for i in idx], layers=layers, readings=("v",),
+                               label_tokens=label_tokens, batch_size=len(idx), keep_logprobs=True, progress=False)
+            index = torch.tensor(idx)
+            out.entropy[index], out.label_logprobs[index] = acts.entropy, acts.label_logprobs
+            for layer in layers:
+                out.values.setdefault(layer, torch.empty(n, acts.values(layer).shape[1]))[index] = acts.values(layer)
+            if logprobs is None:
+                logprobs = torch.empty(n, acts.logprobs.shape[1])
+            logprobs[index] = acts.logprobs
+        return out, logprobs
 
     base, base_lp = run({})
     base_lp = base_lp.double()
@@ -211,8 +231,8 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
             for c in range(0, len(members), copies):
                 chunk = members[c:c + copies]
                 edited = sorted({layer for e in chunk for layer in edits[e]})
-                hooks = [(reading_hook("v", layer), _per_copy_hook([edits[e].get(layer) for e in chunk], rows))
-                         for layer in edited]
+                hooks = [(reading_hook("v", layer), _per_copy_hook([bind_edit(edits[e].get(layer), idx)
+                                                                    for e in chunk], rows)) for layer in edited]
                 store.clear()
                 with replay_prefix(model, start, residual.get(start), copies=len(chunk)), \
                         per_copy(one_row_per_prompt, len(chunk)), \

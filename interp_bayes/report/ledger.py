@@ -13,7 +13,7 @@ STYLE = {HOLDS: ("✔", "#1e7b34", "holds"), WEAK: ("◐", "#9a6700", "weak"), F
          INSEPARABLE: ("≈", "#5b3fb8", "insep"), UNTESTABLE: ("–", "#5b6b7c", "untestable")}
 # the order in which the papers state their claims (keys of the kinds' Claims; others follow, then the rivals)
 CLAIM_ORDER = ("dominant-axis", "domain", "pc1-entropy", "pc1-posterior", "orthogonal-keys", "attention-focuses",
-               "readout", "calibration", "wt-calibration", "wt-pc1-bayes")
+               "readout", "readout-resample", "readout-mean", "calibration", "wt-calibration", "wt-pc1-bayes")
 
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.errors import ConfigError
 from .arrays import as_float64
 from .resample import CI_LEVEL
 
@@ -25,6 +26,22 @@ def permutations(n: int, n_perm: int, seed, strata=None) -> np.ndarray:
     members = [np.arange(n)] if strata is None else [np.flatnonzero(strata == s) for s in np.unique(strata)]
     for g in members:  # one draw per stratum for all permutations at once
         out[:, g] = rng.permuted(np.broadcast_to(g, (n_perm, len(g))), axis=1)
+    return out
+
+
+def donors_within(strata, seed) -> np.ndarray:
+    """[n] for every row another row of its stratum (a resample ablation's donor, as in causal scrubbing): each
+    stratum's rows in a seeded random cycle, each giving to the next, so no row is its own donor and every row
+    donates once. A stratum of one row cannot donate and is refused."""
+    strata = np.asarray(strata)
+    rng = np.random.default_rng(seed)
+    out = np.empty(len(strata), dtype=np.int64)
+    for s in np.unique(strata):
+        members = rng.permutation(np.flatnonzero(strata == s))
+        if len(members) < 2:
+            raise ConfigError(f"Stratum {s.item()!r} holds one prompt, which has no donor of its own stratum; use more "
+                              "prompts per stratum (at least two on the evaluation side).")
+        out[members] = np.roll(members, -1)
     return out
 
 
