@@ -197,7 +197,8 @@ def plan(ctx, p: GaussianParams) -> list:
 
     if p.task != "gaussian":
         return [PlanItem("gaussian", f"Kalman tunnel {p.task}: {p.n_sequences} sequences, residual stream at every "
-                         "step (a small model: seconds)", None, p.n_sequences, model=Path(p.task).name)]
+                         "step (seconds), then the Isomap nulls (minutes)", None, p.n_sequences,
+                         model=Path(p.task).name)]
     from ..tasks.gaussian import GaussianTask, number_token_ids
 
     cols = GaussianTask(ns=tuple(p.ns)).generate(p.n_sequences, seed=p.seed)

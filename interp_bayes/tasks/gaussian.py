@@ -43,7 +43,8 @@ MAX_REJECTIONS = 10_000  # a prior that almost never keeps every draw in range i
 
 @dataclass(frozen=True)
 class NIG:
-    """Normal-Inverse-Gamma parameters (arrays broadcast): mu | sigma^2 ~ N(mu, sigma^2/kappa), sigma^2 ~ IG(alpha, beta)."""
+    """Normal-Inverse-Gamma parameters (arrays broadcast): mu | sigma^2 ~ N(mu, sigma^2/kappa) and
+    sigma^2 ~ InvGamma(alpha, beta)."""
 
     mu: np.ndarray | float
     kappa: np.ndarray | float
@@ -74,7 +75,8 @@ def predictive(post: NIG):
 def discrete_predictive(post: NIG, low: int = LOW, high: int = HIGH) -> np.ndarray:
     """[n_prompts, high - low + 1]: the predictive's mass on [j - 1/2, j + 1/2] for j = low..high, renormalised over
     the range (the rendering of the data applied to the next draw)."""
-    t = predictive(NIG(*(np.asarray(getattr(post, f), np.float64)[..., None] for f in ("mu", "kappa", "alpha", "beta"))))
+    column = [np.asarray(getattr(post, f), np.float64)[..., None] for f in ("mu", "kappa", "alpha", "beta")]
+    t = predictive(NIG(*column))  # [n, 1] parameters against [J + 1] edges
     edges = np.arange(low, high + 2) - 0.5  # [J + 1]
     cdf = t.cdf(edges)  # [n, J + 1]
     mass = np.diff(cdf, axis=-1)
