@@ -154,25 +154,31 @@ def _geometry(z: np.ndarray, d_max: int, n_neighbors: int) -> dict[str, Any]:
 
 
 def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, n_null: int = 20,
-                       standardize: bool = True, seed: int = 0) -> dict[str, Any]:
+                       standardize: bool = True, strata=None, seed: int = 0) -> dict[str, Any]:
     """Linear (PCA) against nonlinear (Isomap) dimension of the rows of ``x`` [n, dim], with a matched-Gaussian
     null (see the module docstring). ``d``: the embedding dimension of the headline ``curvature_gap`` (2: a
     Gaussian belief has two parameters). Returns the data's statistics (``rv_pca``, ``rv_isomap`` per d = 1..d_max,
     ``pca_dim_90``, ``pca_dim_95``, ``participation_ratio``, ``curvature_gap``, ``graph_components``: the pieces
     of the kNN graph, 1 when every geodesic is a path through the data) and ``null``: each scalar's
     95% interval over ``n_null`` matched Gaussian clouds. ``standardize``: z-score each coordinate first (the
-    toolkit's PCA convention for model readings; the null clouds are treated the same way)."""
+    toolkit's PCA convention for model readings; the null clouds are treated the same way). ``strata`` [n]: each
+    null cloud is drawn stratum by stratum with that stratum's mean and covariance (a flat cloud with the data's
+    clusters, e.g. one per number of examples shown), so clustering alone does not count as curvature."""
     if not 1 <= d <= d_max:
         raise ValueError(f"d={d} must lie in 1..d_max={d_max}.")
     prep = standardise if standardize else (lambda a: as_float64(a) - as_float64(a).mean(0))
     z = prep(x)
     data = _geometry(z, d_max, n_neighbors)
     rng = np.random.default_rng(seed)
-    zc = z - z.mean(0)
     draws = []
+    members = [np.arange(len(z))] if strata is None else [np.flatnonzero(np.asarray(strata) == s)
+                                                          for s in np.unique(strata)]
     for _ in range(n_null):
-        # rows N(0, zc^T zc / n): the data's covariance, a flat cloud
-        fake = rng.standard_normal((len(z), len(z))) @ zc / np.sqrt(len(z))
+        # rows N(mean_s, cov_s) per stratum s (one stratum: the data's covariance), a flat cloud or flat clusters
+        fake = np.empty_like(z)
+        for rows in members:
+            dev = z[rows] - z[rows].mean(0)
+            fake[rows] = z[rows].mean(0) + rng.standard_normal((len(rows), len(rows))) @ dev / np.sqrt(len(rows))
         draws.append(_geometry(prep(fake), d_max, n_neighbors))
 
     def scalars(g: dict) -> dict[str, float]:
@@ -180,6 +186,7 @@ def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, 
                     participation_ratio=g["participation_ratio"], rv_pca=g["rv_pca"][d - 1],
                     rv_isomap=g["rv_isomap"][d - 1], curvature_gap=g["rv_pca"][d - 1] - g["rv_isomap"][d - 1])
 
-    out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=n_null)
+    out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=n_null,
+               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum")
     out["null"] = {k: interval([scalars(g)[k] for g in draws]) for k in scalars(data)}
     return out

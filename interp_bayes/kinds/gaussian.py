@@ -2,7 +2,9 @@
 gaussian``, the sweep's model; ``tasks.gaussian``): the calibration of the model's next-number distribution against
 the exact Student-t predictive (KL, predictive mean and sd), where the exact posterior mean and spread are
 decodable from the residual stream per layer (folds of whole sequences), and the geometry of the final-token
-states: PCA dimension against Isomap's, beside a matched-Gaussian null (a curved manifold or a flat one). On the
+states: PCA dimension against Isomap's, beside a null of flat Gaussian clouds matched to the states' mean and
+covariance per n (so clusters by n alone are not read as curvature; ``geometry_null: matched`` matches the whole
+cloud instead). On the
 Kalman tunnel (``task: <kalman checkpoint>``) the same three on its exact Gaussian beliefs N(m_t, P_t)
 (``windtunnel.kalman.kalman_readings``; a one-dimensional state)."""
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -32,6 +35,9 @@ class GaussianParams(Params):
     n_neighbors: int = 10  # Isomap's kNN graph
     d_max: int = 6  # embedding dimensions scored
     n_null_geometry: int = 20  # matched-Gaussian clouds of the geometry null
+    # "matched": flat clouds with the states' covariance; "matched_per_n": drawn per n (per step on the Kalman
+    # tunnel) with that stratum's mean and covariance, so clusters by n alone are not read as curvature
+    geometry_null: Literal["matched", "matched_per_n"] = "matched_per_n"
 
 
 def _task_data(ctx, p: GaussianParams) -> dict:
@@ -114,12 +120,12 @@ def run(ctx, p: GaussianParams) -> Result:
                                 null_low=r["null"][0], null_high=r["null"][1], null="permuted target",
                                 n=n_groups))
         geo = manifold_curvature(x, d_max=p.d_max, n_neighbors=p.n_neighbors, n_null=p.n_null_geometry,
-                                 seed=ctx.config.seed)
+                                 strata=strata if p.geometry_null == "matched_per_n" else None, seed=ctx.config.seed)
         geometry[str(layer)] = {k: geo[k] for k in ("rv_pca", "rv_isomap")}
         for name in GEOMETRY:
             rows.append(Row(f"gaussian_{name}", geo[name], "", dict(reading="resid", layer=layer),
                             null_low=geo["null"][name][0], null_high=geo["null"][name][1],
-                            null=f"matched Gaussian ({p.n_null_geometry} clouds)", n=geo["n"],
+                            null=f"{geo['null_kind']} ({p.n_null_geometry} clouds)", n=geo["n"],
                             note=f"d = {geo['d']}; kNN graph in {geo['graph_components']} piece(s)"
                             if name in ("rv_pca", "rv_isomap", "curvature_gap") else None))
     return Result(rows, dict(task=p.task, geometry=geometry, **data["extra"]))
@@ -185,8 +191,8 @@ def figures(probes) -> list[Figure]:
             fig, f"Where the posterior is decodable, and whether its states are curved ({p.data.get('task')})"),
             "Left: held-out ridge R² of the exact posterior mean and log spread from the residual stream, raw and "
             "within n (numbers shown). Right: how much better Isomap keeps the states' geodesic distances in 2 "
-            "dimensions than PCA keeps their Euclidean ones; above the grey band of flat Gaussian clouds with the "
-            "same covariance, the manifold is curved."))
+            "dimensions than PCA keeps their Euclidean ones; above the grey band of flat Gaussian clouds matched to "
+            "the states (per n by default), the manifold is curved."))
     return out
 
 
@@ -233,7 +239,7 @@ def ledger(probes) -> list:
         if gaps:
             best = max(gaps, key=lambda r: r.value - r.null_high)
             out.append(Claim("gaussian-curved", "Belief states lie on a curved manifold (Isomap beats PCA beyond "
-                             f"flat clouds of the same covariance, L{best.scope['layer']})", L.beyond_null(best),
+                             f"flat matched clouds, L{best.scope['layer']})", L.beyond_null(best),
                              L.fmt(best), subject=where, rival=True, section=f"fig-gaussian-{p.name}"))
     return out
 
