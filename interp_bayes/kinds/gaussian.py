@@ -1,0 +1,248 @@
+"""Beliefs about a Gaussian (Sarfati et al. 2026, docs/gaussian.md). On the Gaussian in-context task (``task:
+gaussian``, the sweep's model; ``tasks.gaussian``): the calibration of the model's next-number distribution against
+the exact Student-t predictive (KL, predictive mean and sd), where the exact posterior mean and spread are
+decodable from the residual stream per layer (folds of whole sequences), and the geometry of the final-token
+states: PCA dimension against Isomap's, beside a null of flat Gaussian clouds matched to the states' mean and
+covariance per n (so clusters by n alone are not read as curvature; ``geometry_null: matched`` matches the whole
+cloud instead). On the
+Kalman tunnel (``task: <kalman checkpoint>``) the same three on its exact Gaussian beliefs N(m_t, P_t)
+(``windtunnel.kalman.kalman_readings``; a one-dimensional state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ..core.errors import ConfigError
+from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.registry import register
+from ..core.results import Row, select
+
+
+@dataclass(frozen=True)
+class GaussianParams(Params):
+    task: str = "gaussian"  # "gaussian" (the sweep's model), or a Kalman wind-tunnel checkpoint (name or folder)
+    layers: tuple[int, ...] | str = "spread5"  # layers read (the residual stream after each block)
+    n_sequences: int = 60  # sequences (Gaussian task: one prompt per prefix length in ns; Kalman: every step)
+    ns: tuple[int, ...] = (1, 2, 3, 5, 8, 12, 16, 24)  # Gaussian task: prefix lengths (numbers shown)
+    seed: int = 42  # the sequence draws
+    folds: int = 5
+    n_null: int = 200  # permutations of the calibration and decoding nulls
+    n_boot: int = 1000
+    n_neighbors: int = 10  # Isomap's kNN graph
+    d_max: int = 6  # embedding dimensions scored
+    n_null_geometry: int = 20  # matched-Gaussian clouds of the geometry null
+    # "matched": flat clouds with the states' covariance; "matched_per_n": drawn per n (per step on the Kalman
+    # tunnel) with that stratum's mean and covariance, so clusters by n alone are not read as curvature
+    geometry_null: Literal["matched", "matched_per_n"] = "matched_per_n"
+
+
+def _task_data(ctx, p: GaussianParams) -> dict:
+    """Readings per layer [N, d_model], groups, strata (n or step), the belief targets, and the calibration."""
+    from ..analyses.gaussian import normal_calibration, predictive_calibration
+
+    if p.task == "gaussian":
+        from ..tasks.gaussian import GaussianTask, number_token_ids
+
+        task = GaussianTask(ns=tuple(p.ns))
+        cols = task.generate(p.n_sequences, seed=p.seed)
+        ids = number_token_ids(ctx.tokenizer, task.low, task.high)
+        layers = ctx.layers(p.layers)
+        acts = ctx.activations("gaussian-resid", cols["text"], layers=layers, readings=("resid",), label_tokens=ids)
+        groups, strata = np.asarray(cols["sequence"]), np.asarray(cols["n"])
+        calib = predictive_calibration(acts.label_logprobs.numpy(), task.exact_predictive(cols["numbers"]),
+                                       np.arange(task.low, task.high + 1), groups=groups, strata=strata,
+                                       n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
+        top_is_number = float(np.isin(acts.next_token.numpy(), ids).mean())
+        targets = {"posterior mean": np.asarray(cols["posterior_mean"]),
+                   "posterior log sigma": np.asarray(cols["posterior_log_sigma"])}
+        readings = {layer: acts.reading("resid", layer).numpy() for layer in layers}
+        extra = dict(rejected=cols["rejected"][0], top_is_number=top_is_number, n_prompts=len(cols["text"]))
+        return dict(readings=readings, groups=groups, strata=strata, targets=targets, calibration=calib,
+                    extra=extra)
+    from ..core.layers import resolve_layers
+    from ..windtunnel.kalman import kalman_readings
+    from .windtunnel import load_windtunnel_task
+
+    bridge, task = load_windtunnel_task(p.task)
+    if getattr(task, "name", "") != "kalman" or task.state_dim != 1:
+        raise ConfigError(f"The gaussian kind reads one-dimensional Gaussian beliefs; {p.task} is not a Kalman "
+                          "checkpoint with state_dim 1 (use task: gaussian, or kalman-cpu).")
+    layers = resolve_layers(p.layers, bridge.cfg.n_layers, "all")
+    acts, cols = kalman_readings(bridge, task, p.n_sequences, seed=p.seed, layers=layers, readings=("resid",))
+    groups, strata = cols["sequence"], cols["k"]
+    exact_mean, model_mean = cols["bayes_mean"][:, 0], cols["model_mean"][:, 0]
+    exact_sd, model_sd = np.exp(0.5 * cols["bayes_logdet"]), np.exp(0.5 * cols["model_logdet"])
+    calib = normal_calibration(model_mean, model_sd, exact_mean, exact_sd, groups=groups, strata=strata,
+                               n_boot=p.n_boot, n_null=p.n_null, seed=ctx.config.seed)
+    targets = {"posterior mean": exact_mean, "posterior log sd": np.log(exact_sd)}
+    readings = {layer: acts.reading("resid", layer).numpy() for layer in layers}
+    return dict(readings=readings, groups=groups, strata=strata, targets=targets, calibration=calib,
+                extra=dict(n_prompts=len(groups)))
+
+
+GEOMETRY = ("pca_dim_90", "pca_dim_95", "participation_ratio", "rv_pca", "rv_isomap", "curvature_gap")
+
+
+def run(ctx, p: GaussianParams) -> Result:
+    from ..analyses.gaussian import belief_decoding, manifold_curvature
+
+    data = _task_data(ctx, p)
+    groups, strata = data["groups"], data["strata"]
+    n_groups = int(len(np.unique(groups)))
+    rows: list[Row] = []
+    for level, res in data["calibration"].items():
+        scope = dict(k=level)
+        kl = res["kl_bits"]
+        rows.append(Row("gaussian_kl_bits", kl["value"], "bits", scope, *kl["ci"], "bootstrap 95% (sequences)",
+                        *kl["null"], "another prompt's prediction, same n", res["n"]))
+        if "kl_reference_bits" in res:
+            rows.append(Row("gaussian_kl_uniform_bits", res["kl_reference_bits"], "bits", scope, n=res["n"]))
+        for name in ("mean", "sd"):
+            m = res[name]
+            rows.append(Row(f"gaussian_{name}_error", m["error"], "", scope, *m["error_ci"],
+                            "bootstrap 95% (sequences)", n=res["n"], note=f"model {m['model']:.3f}, exact "
+                            f"{m['exact']:.3f} (averages)"))
+            rows.append(Row(f"gaussian_{name}_r", m["r"], "", scope, *m["r_ci"], "bootstrap 95% (sequences)",
+                            *m["r_null"], "permuted within n", res["n"]))
+    geometry = {}
+    for layer, x in data["readings"].items():
+        dec = belief_decoding(x, data["targets"], groups=groups, strata=strata, folds=p.folds, n_null=p.n_null,
+                              seed=ctx.config.seed)
+        for target, res in dec.items():
+            for adjust, key in (("raw", "raw"), ("within n", "within")):
+                r = res[key]
+                rows.append(Row("gaussian_decoding_r2", r["r2_held_out"], "",
+                                dict(target=target, reading="resid", layer=layer, adjust=adjust),
+                                null_low=r["null"][0], null_high=r["null"][1], null="permuted target",
+                                n=n_groups))
+        geo = manifold_curvature(x, d_max=p.d_max, n_neighbors=p.n_neighbors, n_null=p.n_null_geometry,
+                                 strata=strata if p.geometry_null == "matched_per_n" else None, seed=ctx.config.seed)
+        geometry[str(layer)] = {k: geo[k] for k in ("rv_pca", "rv_isomap")}
+        for name in GEOMETRY:
+            rows.append(Row(f"gaussian_{name}", geo[name], "", dict(reading="resid", layer=layer),
+                            null_low=geo["null"][name][0], null_high=geo["null"][name][1],
+                            null=f"{geo['null_kind']} ({p.n_null_geometry} clouds)", n=geo["n"],
+                            note=f"d = {geo['d']}; kNN graph in {geo['graph_components']} piece(s)"
+                            if name in ("rv_pca", "rv_isomap", "curvature_gap") else None))
+    return Result(rows, dict(task=p.task, geometry=geometry, **data["extra"]))
+
+
+def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
+    out = []
+    where = "" if p.task == "gaussian" else f"{Path(p.task).name}: "
+    kl = next(iter(select(rows, "gaussian_kl_bits", k="all")), None)
+    if kl is not None:
+        out.append(Line(f"{where}KL(exact predictive || model), bits", f"{kl.value:.3f} [{kl.low:.3f}, {kl.high:.3f}]"
+                        f"; another prompt's prediction [{kl.null_low:.3f}, {kl.null_high:.3f}]",
+                        "below null" if kl.verdict() == "below null" else kl.verdict()))
+    for name in ("mean", "sd"):
+        r = next(iter(select(rows, f"gaussian_{name}_r", k="all")), None)
+        if r is not None:
+            out.append(Line(f"{where}predictive {name}: r(model, exact)", f"{r.value:.3f} [{r.low:.3f}, {r.high:.3f}]",
+                            r.verdict()))
+    for target in dict.fromkeys(r.scope["target"] for r in select(rows, "gaussian_decoding_r2")):
+        for adjust in ("raw", "within n"):
+            rs = [r for r in select(rows, "gaussian_decoding_r2", target=target, adjust=adjust)
+                  if np.isfinite(r.value)]
+            if rs:
+                best = max(rs, key=lambda r: r.value)
+                out.append(Line(f"{where}decodable {target} ({adjust}): best held-out R²",
+                                f"{best.value:.2f} (L{best.scope['layer']}; null up to {best.null_high:.2f})",
+                                best.verdict()))
+    gaps = select(rows, "gaussian_curvature_gap")
+    if gaps:
+        text = "; ".join(f"L{r.scope['layer']}: {r.value:.3f} (null [{r.null_low:.3f}, {r.null_high:.3f}])"
+                         for r in gaps)
+        above = sum(r.verdict() == "above null" for r in gaps)
+        out.append(Line(f"{where}curvature gap rv_PCA - rv_Isomap at d = 2", text,
+                        f"above its null at {above} of {len(gaps)} layers"))
+    return out
+
+
+def figures(probes) -> list[Figure]:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..core.figures import layout
+
+    out = []
+    for p in probes:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=["decodable belief (held-out R²)",
+                                                            "curvature gap rv_PCA - rv_Isomap (d = 2)"])
+        for target in dict.fromkeys(r.scope["target"] for r in select(p.rows, "gaussian_decoding_r2")):
+            for adjust, dash in (("raw", "solid"), ("within n", "dot")):
+                rs = sorted(select(p.rows, "gaussian_decoding_r2", target=target, adjust=adjust),
+                            key=lambda r: r.scope["layer"])
+                fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs],
+                                         mode="lines+markers", line=dict(dash=dash), name=f"{target}, {adjust}"),
+                              row=1, col=1)
+        gaps = sorted(select(p.rows, "gaussian_curvature_gap"), key=lambda r: r.scope["layer"])
+        x = [r.scope["layer"] for r in gaps]
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=[r.null_high for r in gaps] + [r.null_low for r in gaps[::-1]],
+                                 fill="toself", fillcolor="rgba(150,150,150,0.25)", line=dict(width=0),
+                                 name="matched Gaussian null (95%)"), row=1, col=2)
+        fig.add_trace(go.Scatter(x=x, y=[r.value for r in gaps], mode="lines+markers", name="states"), row=1, col=2)
+        fig.update_xaxes(title_text="layer")
+        out.append(Figure(f"gaussian-{p.name}", "Beliefs about a Gaussian", layout(
+            fig, f"Where the posterior is decodable, and whether its states are curved ({p.data.get('task')})"),
+            "Left: held-out ridge R² of the exact posterior mean and log spread from the residual stream, raw and "
+            "within n (numbers shown). Right: how much better Isomap keeps the states' geodesic distances in 2 "
+            "dimensions than PCA keeps their Euclidean ones; above the grey band of flat Gaussian clouds matched to "
+            "the states (per n by default), the manifold is curved."))
+    return out
+
+
+def plan(ctx, p: GaussianParams) -> list:
+    """The Gaussian prompts' residual streams at the probe's layers (or a Kalman tunnel's steps, seconds), then
+    ridge decoders and Isomap (arithmetic)."""
+    from ..core.plugin import PlanItem
+
+    if p.task != "gaussian":
+        return [PlanItem("gaussian", f"Kalman tunnel {p.task}: {p.n_sequences} sequences, residual stream at every "
+                         "step (seconds), then the Isomap nulls (minutes)", None, p.n_sequences,
+                         model=Path(p.task).name)]
+    from ..tasks.gaussian import GaussianTask, number_token_ids
+
+    cols = GaussianTask(ns=tuple(p.ns)).generate(p.n_sequences, seed=p.seed)
+    return [ctx.plan_acts("gaussian", "gaussian-resid", cols["text"], layers=ctx.layers(p.layers),
+                          readings=("resid",), label_tokens=number_token_ids(ctx.tokenizer), dims=ctx.site_dims())]
+
+
+def subject(p) -> str:
+    """The wind tunnel a probe runs on ("" for the sweep's model)."""
+    return "" if p.task == "gaussian" else Path(p.task).name
+
+
+def ledger(probes) -> list:
+    """Sarfati et al.'s claims on this toolkit's models: the posterior's mean and spread are decodable, and the
+    belief states lie on a curved manifold (the curvature gap beyond its flat null at some layer)."""
+    from ..core.plugin import Claim
+    from ..stats import ledger as L
+
+    out = []
+    for p in probes:
+        where = subject(p.params_object())
+        for target in dict.fromkeys(r.scope["target"] for r in select(p.rows, "gaussian_decoding_r2")):
+            rs = [r for r in select(p.rows, "gaussian_decoding_r2", target=target, adjust="within n")
+                  if np.isfinite(r.value)]
+            if rs:
+                best = max(rs, key=lambda r: r.value)
+                out.append(Claim(f"gaussian-{target.replace(' ', '-')}", f"The {target} is decodable beyond the "
+                                 f"number of examples shown (held-out R², within n, L{best.scope['layer']})",
+                                 L.beyond_null(best), L.fmt(best), subject=where, rival=True,
+                                 section=f"fig-gaussian-{p.name}"))
+        gaps = select(p.rows, "gaussian_curvature_gap")
+        if gaps:
+            best = max(gaps, key=lambda r: r.value - r.null_high)
+            out.append(Claim("gaussian-curved", "Belief states lie on a curved manifold (Isomap beats PCA beyond "
+                             f"flat matched clouds, L{best.scope['layer']})", L.beyond_null(best),
+                             L.fmt(best), subject=where, rival=True, section=f"fig-gaussian-{p.name}"))
+    return out
+
+
+KIND = register(Kind("gaussian", GaussianParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=subject))
