@@ -51,7 +51,8 @@ class HookedConfig:
 class HookedWindtunnel(HookedRootModule):
     """Base: the config dict saved as config.json, TransformerLens's hook dictionary (``setup``), HF-style
     ``forward`` arguments and the folder format. Subclasses build ``wte`` (the token embedding), ``blocks`` and
-    ``ln_f``, and define ``stream`` (token embeddings [batch, pos, d_embed] -> the last block's output)."""
+    ``ln_f``, and either ``wpe`` + ``hook_pos_embed`` for the default ``stream`` or their own ``stream`` (token
+    embeddings [batch, pos, d_embed] -> the last block's output)."""
 
     model_type: ClassVar[str]
 
@@ -72,7 +73,12 @@ class HookedWindtunnel(HookedRootModule):
         return self.ln_f(h) @ self.wte.weight.T
 
     def stream(self, tok: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """Token embeddings + the learned position table (``wpe``, hooked at ``hook_pos_embed``), then every block in
+        turn: the per-position MLP's and the LSTM's stream (the context MLP has its own)."""
+        h = tok + self.hook_pos_embed(self.wpe(torch.arange(tok.shape[1], device=tok.device)))
+        for block in self.blocks:
+            h = block(h)
+        return h
 
     def forward(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 logits_to_keep: int = 0, **_: object) -> torch.Tensor:
@@ -147,12 +153,6 @@ class MLPBaseline(HookedWindtunnel):
         self.ln_f = nn.LayerNorm(d_model)
         normal_init(self)
         self.finish(n_positions, d_model)
-
-    def stream(self, tok: torch.Tensor) -> torch.Tensor:
-        h = tok + self.hook_pos_embed(self.wpe(torch.arange(tok.shape[1], device=tok.device)))
-        for block in self.blocks:
-            h = block(h)
-        return h
 
 
 class ContextMLP(HookedWindtunnel):
@@ -229,12 +229,6 @@ class LSTMWindtunnel(HookedWindtunnel):
         nn.init.normal_(self.wte.weight, std=0.02)
         nn.init.normal_(self.wpe.weight, std=0.02)
         self.finish(n_positions, d_model)
-
-    def stream(self, tok: torch.Tensor) -> torch.Tensor:
-        h = tok + self.hook_pos_embed(self.wpe(torch.arange(tok.shape[1], device=tok.device)))
-        for block in self.blocks:
-            h = block(h)
-        return h
 
 
 MODEL_TYPES: dict[str, type[HookedWindtunnel]] = {
