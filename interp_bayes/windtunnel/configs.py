@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, Mamba2Config
 

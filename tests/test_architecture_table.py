@@ -1,0 +1,52 @@
+"""examples/architecture_table.py: each cell is the checkpoint's own fresh evaluation, in its tunnel's column, and a
+tunnel with no checkpoint says "not trained" (never a number from elsewhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from interp_bayes.windtunnel.configs import make_config
+from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
+from interp_bayes.windtunnel.train import train_main
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "architecture_table.py"
+
+
+@pytest.fixture(scope="module")
+def table_module():
+    spec = importlib.util.spec_from_file_location("architecture_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("task, preset, column", [("bijection", "tiny", "bijection"),
+                                                  ("bijection", "cpu_replacement", "bijection-replacement"),
+                                                  ("hmm", "tiny", "hmm"), ("hmm", "sticky-tiny", "hmm-sticky"),
+                                                  ("recall", "tiny", "recall")])
+def test_each_preset_lands_in_its_tunnels_column(table_module, task, preset, column):
+    assert table_module.tunnel_of(make_config(task, preset)) == column
+
+
+def test_cells_are_the_checkpoints_own_evaluation(table_module, tmp_path):
+    folders = {}
+    for arch in ("transformer", "lstm"):
+        folders[arch] = tmp_path / arch
+        argv = ["bijection", "--preset", "tiny", "--arch", arch, "--steps", "3", "--out", str(folders[arch]), "--quiet"]
+        assert train_main(argv) == 0
+    rows = [table_module.score(folders[arch], n=64) for arch in ("transformer", "lstm")]
+    for row, arch in zip(rows, ("transformer", "lstm")):
+        reference = evaluate_windtunnel(folders[arch], n=64, lengths=[row["length"]], baselines=True)[row["length"]]
+        assert row["arch"] == arch and row["tunnel"] == "bijection"
+        assert row["kl_bits"] == reference["kl_bits"]
+        assert row["margin_bits"] == reference["vs_best_window"]["margin_bits"]
+    text = table_module.table(rows)
+    lstm_line = next(line for line in text.splitlines() if line.startswith("| lstm |"))
+    cells = [c.strip() for c in lstm_line.strip("|").split("|")]
+    assert cells[1].startswith(f"KL {rows[1]['kl_bits']:.4g}") and cells[1].endswith("paper 0.009")
+    assert cells[2] == "not trained" and cells[3] == "not trained; paper 0.411"
+    mamba_line = next(line for line in text.splitlines() if line.startswith("| mamba |"))
+    assert "KL" not in mamba_line  # nothing trained: no number appears
