@@ -177,9 +177,10 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
         all_rows += got_rows
         ablations += [ablation_row(s, folder.name, label, tol) for s in summary]
     bar.close()
-    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, arch=cfg.arch,
-                positions=getattr(cfg, "positions", "learned"), n_layers=n_layers, n_fit=n_fit, n_eval=n_eval,
-                n_controls=n_controls, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed,
+    positions = cfg.positions if cfg.arch == "transformer" else f"the {cfg.arch}'s own"  # a transformer-only field
+    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, arch=cfg.arch, positions=positions,
+                n_layers=n_layers, n_fit=n_fit, n_eval=n_eval, n_controls=n_controls, folds=folds, n_null=n_null,
+                n_boot=n_boot, seed=seed,
                 entropy_varies_within_position=bool(within_varies), cost_tolerance_bits=tol,
                 base=dict(mae_bits=float(base[0].mean()), kl_bits=float(base[1].mean())), authors=AUTHORS)
     geo = final_geometry(readings, entropy, groups, seed=seed) if geometry else {}
