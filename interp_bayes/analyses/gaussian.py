@@ -24,18 +24,11 @@ from typing import Any
 import numpy as np
 
 from ..stats import as_float64, bootstrap_means, bootstrap_pearson, interval, permutations
+from ..stats.calibration import kl_bits
 from ..stats.pca import participation_ratio, standardise, thin_svd
 
 LN2 = float(np.log(2.0))
 SHARES = (0.9, 0.95)  # variance shares whose PCA dimension is reported
-
-
-def kl_rows_bits(exact: np.ndarray, model_logprobs: np.ndarray) -> np.ndarray:
-    """KL(exact || model) in bits per row of distributions [n, J] (model as natural-log probabilities)."""
-    p = as_float64(exact)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - as_float64(model_logprobs)), 0.0)
-    return terms.sum(-1) / LN2
 
 
 def _moments(p: np.ndarray, support: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -51,9 +44,9 @@ def predictive_calibration(model_logprobs, exact, support, *, groups, strata, n_
     lp, p, x = as_float64(model_logprobs), as_float64(exact), as_float64(support)
     m_mean, m_sd = _moments(np.exp(lp), x)
     e_mean, e_sd = _moments(p, x)
-    return calibration_table(kl_rows_bits(p, lp), lambda perm: kl_rows_bits(p, lp[perm]),
+    return calibration_table(kl_bits(p, lp), lambda perm: kl_bits(p, lp[perm]),
                              dict(mean=(m_mean, e_mean), sd=(m_sd, e_sd)), groups=groups, strata=strata,
-                             reference=kl_rows_bits(p, np.full_like(p, -np.log(p.shape[1]))), n_boot=n_boot,
+                             reference=kl_bits(p, np.full_like(p, -np.log(p.shape[1]))), n_boot=n_boot,
                              n_null=n_null, seed=seed)
 
 
