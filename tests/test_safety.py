@@ -252,6 +252,12 @@ def _bad_inputs(model: Path, d: Path) -> dict:
         "results of a missing folder": ({}, ["results", d / "nope"]),
         "compare of no run folder": ({"empty/x.txt": ""}, ["compare", d / "empty", "--out", d / "c.html"]),
         "--dtype not a dtype": (files_keys, [*sweep, "--probes", keys, "--dtype", "float8"]),
+        "orderings=-1": ({}, [*sweep, "--probes", "martingale_expectation", "--set",
+                               "martingale_expectation.orderings=-1"]),
+        "intervention op unknown": ({}, [*sweep, "--probes", "interventions_onmanifold", "--set",
+                                          "interventions_onmanifold.ops=[cut, resample2]"]),
+        "gaussian null outside its choices": ({}, [*sweep, "--probes", "gaussian", "--set",
+                                                    "gaussian.geometry_null=flat"]),
     }
 
 

@@ -39,7 +39,7 @@ class Params:
             if not _fits(value, hints[name]):
                 raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' must be {_describe(hints[name])}, "
                                   f"not {value!r}.")
-            least = _least(name)
+            least = _least(known[name])
             if least is not None and is_int(value) and value < least:
                 raise ConfigError(f"Parameter '{name}' of probe kind '{cls.kind}' counts something and must be at "
                                   f"least {least}, not {value!r}.")
@@ -77,10 +77,13 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _least(name: str) -> int | None:
-    """The least value of an integer parameter that counts something, by the naming convention every kind follows:
-    ``n_*``, ``per_*``, ``*_n`` and ``*_bins`` count draws, prompts, items or bins (at least 1); ``folds`` are cross-fitting folds
-    (at least 2). None: not a count."""
+def _least(f) -> int | None:
+    """The least value of an integer parameter that counts something: the field's own ``metadata["least"]`` (a count
+    that may be 0), else the naming convention every kind follows: ``n_*``, ``per_*``, ``*_n`` and ``*_bins`` count
+    draws, prompts, items or bins (at least 1); ``folds`` are cross-fitting folds (at least 2). None: not a count."""
+    name = f.name
+    if "least" in f.metadata:
+        return f.metadata["least"]
     if name == "folds":
         return 2
     return 1 if name.startswith(("n_", "per_")) or name.endswith(("_n", "_bins")) else None

@@ -7,7 +7,7 @@ or on a bijection wind tunnel (docs/rivals.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.results import Row, select
@@ -27,8 +27,7 @@ class MartingaleParams(Params):
     n_boot: int = 1000
     seed: int = 42
     # m > 0: also the predictor averaged over m orderings of the same examples (Chlon et al.); 0: per order only
-    # (not named n_*: those count something and must be >= 1)
-    orderings: int = 0
+    orderings: int = field(default=0, metadata={"least": 0})
     order_seed: int = 0  # the orderings' seed
 
 
