@@ -49,21 +49,27 @@ bench: $(STAMP)
 	$(PY) bench/dynamics.py
 	$(PY) bench/grid.py
 
-# Paper-size wind tunnels on one GPU (hours; never run on the 2-core machine): the bijection, the paper's HMM and the
-# sticky HMM, each with its capacity-matched MLP. Folders under $(WT_OUT)/; each holds windtunnel.json with its
-# evaluation against the window filters. DEVICE=cpu runs the same on a CPU (days).
-WT_OUT ?= runs/windtunnels
-DEVICE ?= cuda
-TRAIN  := $(VENV)/bin/interp-bayes train
+# Paper-size wind tunnels on one GPU (hours; never run on the 2-core machine): the bijection, the paper's HMM, the
+# sticky HMM and associative recall, each as a transformer and as every other architecture matched to its parameter
+# count (PAPER_ARCHS; e.g. PAPER_ARCHS="transformer mamba" for fewer). Folders under $(WT_OUT)/, named TASK-PRESET
+# for the transformer and TASK-PRESET-ARCH for the others; each holds windtunnel.json with its evaluation against
+# the window filters. Then the analyses on the transformers and the architecture table over every folder.
+# DEVICE=cpu runs the same on a CPU (days).
+WT_OUT      ?= runs/windtunnels
+DEVICE      ?= cuda
+PAPER_ARCHS ?= transformer mlp mlp-context lstm mamba
+PAPER_RUNS  := bijection:paper:bijection-paper hmm:paper:hmm-paper hmm:sticky-paper:hmm-sticky-paper \
+               recall:paper:recall-paper
+TRAIN       := $(VENV)/bin/interp-bayes train
 train-paper: $(STAMP)
-	$(TRAIN) bijection --preset paper --device $(DEVICE) --out $(WT_OUT)/bijection-paper $(ARGS)
-	$(TRAIN) bijection --preset paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/bijection-paper-mlp $(ARGS)
-	$(TRAIN) hmm --preset paper --device $(DEVICE) --out $(WT_OUT)/hmm-paper $(ARGS)
-	$(TRAIN) hmm --preset paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/hmm-paper-mlp $(ARGS)
-	$(TRAIN) hmm --preset sticky-paper --device $(DEVICE) --out $(WT_OUT)/hmm-sticky-paper $(ARGS)
-	$(TRAIN) hmm --preset sticky-paper --arch mlp --device $(DEVICE) --out $(WT_OUT)/hmm-sticky-paper-mlp $(ARGS)
+	@set -e; for run in $(PAPER_RUNS); do set -- $$(echo $$run | tr : ' '); \
+	  for arch in $(PAPER_ARCHS); do out=$(WT_OUT)/$$3$$([ $$arch = transformer ] || echo -$$arch); \
+	    echo "train $$1 --preset $$2 --arch $$arch -> $$out"; \
+	    $(TRAIN) $$1 --preset $$2 --arch $$arch --device $(DEVICE) --out $$out $(ARGS); done; done
 	$(PY) examples/windtunnel_analyses.py --out $(WT_OUT)/analyses --checkpoints $(WT_OUT)/bijection-paper \
 	  $(WT_OUT)/hmm-paper $(WT_OUT)/hmm-sticky-paper
+	$(PY) examples/architecture_table.py --out $(WT_OUT)/architectures --no-committed \
+	  --checkpoints $$(dirname $(WT_OUT)/*/windtunnel.json)
 
 # The prepared one-GPU run of issue 29 (bench/gpu_run.py: wind tunnels to paper accuracy, real-size benchmarks,
 # placement; at most 8 minutes on one H200), results in $(GPU_OUT)/. On a GPU machine without network whose python3

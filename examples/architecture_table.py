@@ -7,6 +7,9 @@ number where Paper I v3 gives one. A cell with no committed checkpoint says so: 
 
     python examples/architecture_table.py --out runs/architectures      # table.md + table.json
     python examples/architecture_table.py --checkpoints DIR ...        # extra trained folders (interp-bayes train)
+    python examples/architecture_table.py --no-committed --checkpoints DIR ...   # those folders only (paper size)
+
+A later folder of the same architecture and tunnel takes the earlier one's cell (both stay in the second table).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def score(folder: Path, n: int) -> dict:
             "kl_bits": metrics["kl_bits"], "best_window": vs["best_window"], "margin_bits": vs["margin_bits"],
             "margin_ci": vs["margin_ci"], "beats": vs["beats"], "recall_accuracy": metrics.get("recall_accuracy"),
             "n_params": meta["n_params"], "train_wall_s": meta.get("train_wall_s"),
+            "train_cpu_s": meta.get("train_cpu_s"),
             "eval_seconds": time.perf_counter() - t0}
 
 
@@ -73,10 +77,10 @@ def table(rows: list[dict]) -> str:
     by = {(r["arch"], r["tunnel"]): r for r in rows}
     lines = ["| architecture | " + " | ".join(TUNNELS) + " |", "|---" * (len(TUNNELS) + 1) + "|"]
     lines += [f"| {arch} | " + " | ".join(cell(by.get((arch, t)), arch, t) for t in TUNNELS) + " |" for arch in ARCHS]
-    lines += ["", "| checkpoint | architecture | tunnel | parameters | training wall s | length | n |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| checkpoint | architecture | tunnel | parameters | training wall s | training CPU s | length | n |",
+              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['checkpoint']} | {r['arch']} | {r['tunnel']} | {r['n_params']:,} | {r['train_wall_s']} | "
-              f"{r['length']} | {r['n']} |" for r in rows]
+              f"{'—' if r['train_cpu_s'] is None else r['train_cpu_s']} | {r['length']} | {r['n']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -84,11 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoints", type=Path, nargs="*", default=[], help="trained folders beside the committed")
+    parser.add_argument("--committed", action=argparse.BooleanOptionalAction, default=True,
+                        help="score the committed cpu-preset checkpoints too")
     parser.add_argument("--n", type=int, default=2000, help="held-out sequences per checkpoint")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    folders = sorted(p for p in COMMITTED.iterdir() if (p / "windtunnel.json").exists()) + list(args.checkpoints)
+    missing = [str(f) for f in args.checkpoints if not (f / "windtunnel.json").is_file()]
+    if missing:
+        parser.error(f"{', '.join(missing)}: no windtunnel.json; pass folders written by `interp-bayes train`.")
+    committed = sorted(p for p in COMMITTED.iterdir() if (p / "windtunnel.json").exists()) if args.committed else []
+    folders = committed + list(args.checkpoints)
     rows = [score(f, args.n) for f in folders if tunnel_of(TrainConfig.from_dict(
         json.loads((f / "windtunnel.json").read_text())["config"])) in TUNNELS]
     args.out.mkdir(parents=True, exist_ok=True)

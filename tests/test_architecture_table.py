@@ -4,6 +4,7 @@ tunnel with no checkpoint says "not trained" (never a number from elsewhere)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,17 @@ def test_cells_are_the_checkpoints_own_evaluation(table_module, tmp_path):
     assert cells[2] == "not trained" and cells[3] == "not trained; paper 0.411"
     mamba_line = next(line for line in text.splitlines() if line.startswith("| mamba |"))
     assert "KL" not in mamba_line  # nothing trained: no number appears
+
+
+def test_no_committed_scores_only_the_given_folders(table_module, tmp_path):
+    folder = tmp_path / "recall-lstm"
+    argv = ["recall", "--preset", "tiny", "--arch", "lstm", "--steps", "3", "--out", str(folder), "--quiet"]
+    assert train_main(argv) == 0
+    out = tmp_path / "table"
+    assert table_module.main(["--out", str(out), "--no-committed", "--checkpoints", str(folder), "--n", "32"]) == 0
+    rows = json.loads((out / "table.json").read_text())
+    assert [(r["checkpoint"], r["arch"], r["tunnel"]) for r in rows] == [("recall-lstm", "lstm", "recall")]
+    assert rows[0]["train_cpu_s"] is not None
+    with pytest.raises(SystemExit) as exit_info:  # a folder that is not a trained wind tunnel: refused up front
+        table_module.main(["--out", str(out), "--no-committed", "--checkpoints", str(tmp_path)])
+    assert exit_info.value.code == 2
