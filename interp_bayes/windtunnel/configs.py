@@ -341,7 +341,7 @@ def build_lstm(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: i
 MAMBA_HEAD_DIM = 16  # Mamba-2 head width: the model width moves in steps of 8, so that 2 * width / 16 heads fit
 MAMBA_STATE = 16  # the authors' d_state; changed only where the width's steps of 8 miss the 2% match
 # The pure-torch scan's chunk length. The chunked scan is exact at any length; 16 rather than HF's 64 because
-# a 41-token bijection sequence padded to one 64-chunk spends most of the step on the padding's 64 x 64 decay
+# a 39-token bijection sequence padded to one 64-chunk spends most of the step on the padding's 64 x 64 decay
 # matrices: 0.62 CPU s a bijection cpu training step against 1.14 at 64 (8: 0.63; hmm sticky-cpu, 16 and 32: 1.05).
 MAMBA_CHUNK = 16
 
