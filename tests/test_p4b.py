@@ -184,3 +184,48 @@ def test_a_negative_r2_never_decodes_even_above_its_null():
     row = dict(r2=-0.0001, null_range=[-0.0017, -0.0003], note=None)  # the rotary model's embedding layer
     assert decoding_verdict(row) == FAILS
     assert decoding_verdict(dict(row, r2=0.2)) == HOLDS
+
+
+def test_cluster_alignment_names_the_label_the_clusters_are():
+    from interp_bayes.analyses.p4b import cluster_alignment
+
+    rng = np.random.default_rng(1)
+    state = rng.integers(0, 4, size=400)
+    other = rng.integers(0, 4, size=400)  # independent of the clusters
+    x = np.eye(4)[state] * 6 + rng.standard_normal((400, 4))  # four blobs, one per state
+    got = cluster_alignment(x, {"state": state, "other": other}, 4, seed=0)
+    assert got["state"] > 0.95 and abs(got["other"]) < 0.05
+
+
+def test_tunnel_geometry_end_to_end_on_a_tiny_hmm(tmp_path):
+    """examples/geometry_table.py on a tiny HMM LSTM: a decoding row per (layer, test), the alignment on the HMM,
+    the table row; a recall folder is refused (its exact entropy is 0 everywhere)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from interp_bayes.analyses.p4b import tunnel_geometry
+    from interp_bayes.core.errors import ConfigError
+    from interp_bayes.windtunnel.train import train_main
+
+    folder = tmp_path / "hmm"
+    assert train_main(["hmm", "--preset", "tiny", "--arch", "lstm", "--steps", "3", "--out", str(folder),
+                       "--quiet"]) == 0
+    script = Path(__file__).resolve().parents[1] / "examples" / "geometry_table.py"
+    spec = importlib.util.spec_from_file_location("geometry_table", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "geometry"
+    assert module.main(["--out", str(out), "--checkpoints", str(folder), "--n", "24", "--n-null", "3"]) == 0
+    g = json.loads((out / "hmm" / "geometry.json").read_text())
+    assert [(d["layer"], d["test"]) for d in g["decoding"]] == [
+        (layer, test) for layer in ("embed", "0") for test in ("decodable", "within position")]
+    align = g["geometry"]["alignment"]
+    assert align["k"] == 5 and set(align) == {"k", "map_state", "last_observation"}
+    assert g["n_rows"] == 24 * 8  # every observation of the tiny preset's 8 steps is a row
+    row = next(line for line in (out / "geometry.md").read_text().splitlines() if line.startswith("| hmm |"))
+    assert f"{align['map_state']:.3f} / {align['last_observation']:.3f}" in row
+    recall = tmp_path / "recall"
+    assert train_main(["recall", "--preset", "tiny", "--steps", "2", "--out", str(recall), "--quiet"]) == 0
+    with pytest.raises(ConfigError, match="bijection and HMM"):
+        tunnel_geometry(recall)

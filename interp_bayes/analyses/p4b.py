@@ -279,3 +279,66 @@ def final_geometry(readings: dict[str, torch.Tensor], entropy: np.ndarray, group
                 pc1_ci=rep["bootstrap"].get("pc1_ci"),
                 pc1_null=rep["nulls"]["permuted"], clusters=cluster_count(x, seed=seed))
 
+
+
+def cluster_alignment(x, labels: dict[str, np.ndarray], k: int, *, seed: int = 0) -> dict[str, float]:
+    """How far the k-means partition of the rows of ``x`` into ``k`` clusters (standardised, as ``cluster_count``
+    searches) is each of ``labels`` (name -> [n] labels): the adjusted Rand index, 1 for the same partition, 0 for
+    one no closer than chance."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+    from threadpoolctl import threadpool_limits
+
+    x = as_float64(x)
+    sd = x.std(axis=0)
+    z = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    with threadpool_limits(limits=1):
+        parts = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z)
+    return {name: float(adjusted_rand_score(np.asarray(lab), parts)) for name, lab in labels.items()}
+
+
+def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null: int = 20, n_boot: int = 200,
+                    seed: int = 2024) -> dict:
+    """Issue 27 item 6 on the bijection and HMM tunnels (recall's exact entropy is 0 at every query: nothing to
+    decode) and any architecture the collector reads at the residual stream: the exact posterior's entropy decoded at the embedding layer and after every block, held
+    out with folds of whole sequences, raw (rows shuffled for the null) and within position (one indicator per
+    query index); the final layer's PC1 share and cluster count against their nulls (``final_geometry``); and on the
+    HMM, the question behind "one cluster per hidden state": the k-means partition into as many clusters as states
+    against the MAP state, and against the last observation, which names the state under an identity emission map
+    (``cluster_alignment``)."""
+    from ..windtunnel.configs import TrainConfig, load_windtunnel, make_task
+
+    folder = Path(folder)
+    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
+    if cfg.task not in ("bijection", "hmm"):
+        raise ConfigError(f"The tunnel geometry is defined on the bijection and HMM tunnels; {folder} was trained on "
+                          f"'{cfg.task}'.")
+    task = make_task(cfg)
+    model, _ = load_windtunnel(folder)
+    batch = task.sample(n, seed=[seed, 0])
+    post = batch.posterior.double()  # [n, Q, H]
+    Q, H = post.shape[1:]
+    entropy = entropy_bits(post.reshape(-1, H)).numpy()
+    position = np.tile(np.arange(Q, dtype=np.float64), n)
+    groups = np.repeat(np.arange(n), Q)
+    kw = dict(n_layers=model.cfg.n_layers, groups=groups, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed,
+              target="entropy")
+    sites = readout_sites(model)
+    readings = {label: query_readings(model, batch, layers=[layer], readings=(site,))[site][layer]
+                for label, site, layer in sites}
+    decoding = []
+    for label, site, layer in sites:
+        for test, extra in (("decodable", dict(shuffle="rows")),
+                            ("within position", dict(covariates=covariate_basis({"position": position})))):
+            row = _decodability(readings[label], entropy, site=site, layer=layer, **extra, **kw)
+            d = dict(layer=label, test=test, r2=row.value, r2_ci=[row.low, row.high],
+                     null_range=[row.null_low, row.null_high], note=row.note)
+            decoding.append(d | dict(verdict=decoding_verdict(d)))
+    geometry = final_geometry(readings, entropy, groups, seed=seed)
+    if cfg.task == "hmm":
+        final = readings[sites[-1][0]]
+        last_obs = batch.input_ids[:, batch.query_pos].reshape(-1).numpy()
+        geometry["alignment"] = dict(k=H, **cluster_alignment(
+            final, {"map_state": post.argmax(-1).reshape(-1).numpy(), "last_observation": last_obs}, H, seed=seed))
+    return dict(folder=str(folder), checkpoint=folder.name, task=cfg.task, task_kwargs=cfg.task_kwargs, arch=cfg.arch,
+                n=n, n_rows=len(entropy), decoding=decoding, geometry=geometry)
