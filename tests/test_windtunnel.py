@@ -249,4 +249,6 @@ def test_committed_checkpoint_meets_its_recorded_mae(folder):
 def test_checkpoints_are_committed_within_budget():
     assert COMMITTED, "no committed wind-tunnel checkpoints found"
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    assert total <= 25 * 2**20
+    # 32 MiB: the four transformers' checkpoint series (15 MiB) and one final model per architecture and tunnel of
+    # the architecture table (0.5-0.9 MiB each); a paper-size model (10+ MiB) does not belong in the package
+    assert total <= 32 * 2**20
