@@ -57,7 +57,7 @@ def score(folder: Path, n: int) -> dict:
             "kl_bits": metrics["kl_bits"], "best_window": vs["best_window"], "margin_bits": vs["margin_bits"],
             "margin_ci": vs["margin_ci"], "beats": vs["beats"], "recall_accuracy": metrics.get("recall_accuracy"),
             "n_params": meta["n_params"], "train_wall_s": meta.get("train_wall_s"),
-            "train_cpu_s": meta.get("train_cpu_s"),
+            "train_cpu_s": meta.get("train_cpu_s"), "steps": meta.get("step"), "planned_steps": cfg.steps,
             "eval_seconds": time.perf_counter() - t0}
 
 
@@ -68,8 +68,10 @@ def cell(row: dict | None, arch: str, tunnel: str) -> str:
         return f"not trained{paper}"
     lo, hi = row["margin_ci"]
     recall = f", recall {100 * row['recall_accuracy']:.1f}%" if row["recall_accuracy"] is not None else ""
+    stopped = (f" (stopped at step {row['steps']:,} of {row['planned_steps']:,})"
+               if row.get("steps") is not None and row["steps"] < row["planned_steps"] else "")
     return (f"KL {row['kl_bits']:.4g}{recall}; vs {row['best_window']} {row['margin_bits']:+.4g} "
-            f"[{lo:+.4g}, {hi:+.4g}]{paper}")
+            f"[{lo:+.4g}, {hi:+.4g}]{paper}{stopped}")
 
 
 def table(rows: list[dict]) -> str:
@@ -77,10 +79,11 @@ def table(rows: list[dict]) -> str:
     by = {(r["arch"], r["tunnel"]): r for r in rows}
     lines = ["| architecture | " + " | ".join(TUNNELS) + " |", "|---" * (len(TUNNELS) + 1) + "|"]
     lines += [f"| {arch} | " + " | ".join(cell(by.get((arch, t)), arch, t) for t in TUNNELS) + " |" for arch in ARCHS]
-    lines += ["", "| checkpoint | architecture | tunnel | parameters | training wall s | training CPU s | length | n |",
-              "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['checkpoint']} | {r['arch']} | {r['tunnel']} | {r['n_params']:,} | {r['train_wall_s']} | "
-              f"{'—' if r['train_cpu_s'] is None else r['train_cpu_s']} | {r['length']} | {r['n']} |" for r in rows]
+    lines += ["", "| checkpoint | architecture | tunnel | parameters | steps | training wall s | training CPU s | length "
+              "| n |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['checkpoint']} | {r['arch']} | {r['tunnel']} | {r['n_params']:,} | {r['steps']:,} | "
+              f"{r['train_wall_s']} | {'—' if r['train_cpu_s'] is None else r['train_cpu_s']} | {r['length']} | "
+              f"{r['n']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

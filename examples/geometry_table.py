@@ -39,7 +39,7 @@ def r2_cell(g: dict, test: str) -> str:
 
 def table(results: list[dict]) -> str:
     header = ("| checkpoint | architecture | entropy R² per layer, raw | within position | PC1 share, standardised "
-              "(null) / raw | clusters (best k, silhouette vs null) | ARI with MAP state / last observation | paper |")
+              "(null) / raw | clusters (best k, silhouette vs null) | ARI with MAP state / last observation | paper (its HMM family) |")
     lines = [header, "|---" * 8 + "|"]
     for g in results:
         geo, c = g["geometry"], g["geometry"]["clusters"]

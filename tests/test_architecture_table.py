@@ -65,3 +65,10 @@ def test_no_committed_scores_only_the_given_folders(table_module, tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # a folder that is not a trained wind tunnel: refused up front
         table_module.main(["--out", str(out), "--no-committed", "--checkpoints", str(tmp_path)])
     assert exit_info.value.code == 2
+
+
+def test_a_cell_of_a_run_stopped_early_says_so(table_module):
+    row = dict(kl_bits=0.0123, recall_accuracy=None, best_window="window-4", margin_bits=0.14, margin_ci=[0.13, 0.15],
+               steps=2000, planned_steps=4000)
+    assert table_module.cell(row, "mamba", "hmm-sticky").endswith("(stopped at step 2,000 of 4,000)")
+    assert "stopped" not in table_module.cell(row | dict(steps=4000), "mamba", "hmm-sticky")
