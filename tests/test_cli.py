@@ -244,7 +244,7 @@ def test_help_is_fast_and_version_answers(capsys):
     assert "torch" not in probe.stderr and "transformers" not in probe.stderr  # nothing heavy is imported
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert "interp-bayes 0.5.0" in capsys.readouterr().out
+    assert "interp-bayes 0.5.1" in capsys.readouterr().out
 
 
 def test_bad_inputs_are_one_sentence(tiny_dirs, tmp_path):
