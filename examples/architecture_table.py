@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from interp_bayes.core.store import atomic_write_text
+from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
 from interp_bayes.windtunnel.configs import ARCHS, TrainConfig
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 
-COMMITTED = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
 TUNNELS = ("bijection", "bijection-replacement", "hmm", "hmm-sticky", "recall")
 # Paper I v3 (issue 27): KL in bits for the bijection and the paper-family HMM, % correct for associative recall
 PAPER = {
@@ -79,8 +79,8 @@ def table(rows: list[dict]) -> str:
     by = {(r["arch"], r["tunnel"]): r for r in rows}
     lines = ["| architecture | " + " | ".join(TUNNELS) + " |", "|---" * (len(TUNNELS) + 1) + "|"]
     lines += [f"| {arch} | " + " | ".join(cell(by.get((arch, t)), arch, t) for t in TUNNELS) + " |" for arch in ARCHS]
-    lines += ["", "| checkpoint | architecture | tunnel | parameters | steps | training wall s | training CPU s | length "
-              "| n |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| checkpoint | architecture | tunnel | parameters | steps | training wall s | training CPU s "
+              "| length | n |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['checkpoint']} | {r['arch']} | {r['tunnel']} | {r['n_params']:,} | {r['steps']:,} | "
               f"{r['train_wall_s']} | {'—' if r['train_cpu_s'] is None else r['train_cpu_s']} | {r['length']} | "
               f"{r['n']} |" for r in rows]
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(f) for f in args.checkpoints if not (f / "windtunnel.json").is_file()]
     if missing:
         parser.error(f"{', '.join(missing)}: no windtunnel.json; pass folders written by `interp-bayes train`.")
-    committed = sorted(p for p in COMMITTED.iterdir() if (p / "windtunnel.json").exists()) if args.committed else []
+    committed = sorted(p for p in WINDTUNNELS_DIR.iterdir() if (p / "windtunnel.json").exists()) if args.committed else []
     folders = committed + list(args.checkpoints)
     rows = [score(f, args.n) for f in folders if tunnel_of(TrainConfig.from_dict(
         json.loads((f / "windtunnel.json").read_text())["config"])) in TUNNELS]

@@ -20,15 +20,11 @@ import torch
 
 from interp_bayes.analyses.p4b import tunnel_geometry
 from interp_bayes.core.store import atomic_write_text
+from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR, checkpoint_folder
 
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
 # Paper I v3's geometry (issue 27): PC1 share of the final layer, entropy R², clusters
 PAPER = {"mamba": "PC1 21.9%, 5 clusters (one per HMM state), entropy R² 0.40 at layer 9",
          "lstm": "PC1 92.3%, entropy R² 0.004"}
-
-
-def resolve(name: str) -> Path:
-    return CHECKPOINTS / name if (CHECKPOINTS / name).is_dir() else Path(name)
 
 
 def r2_cell(g: dict, test: str) -> str:
@@ -39,7 +35,8 @@ def r2_cell(g: dict, test: str) -> str:
 
 def table(results: list[dict]) -> str:
     header = ("| checkpoint | architecture | entropy R² per layer, raw | within position | PC1 share, standardised "
-              "(null) / raw | clusters (best k, silhouette vs null) | ARI with MAP state / last observation | paper (its HMM family) |")
+              "(null) / raw | clusters (best k, silhouette vs null) | ARI with MAP state / last observation "
+              "| paper (its HMM family) |")
     lines = [header, "|---" * 8 + "|"]
     for g in results:
         geo, c = g["geometry"], g["geometry"]["clusters"]
@@ -64,10 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", action="store_true", help="print the table of OUT/*/geometry.json and exit")
     args = ap.parse_args(argv)
     if not args.render:
+        missing = [name for name in args.checkpoints if not (checkpoint_folder(name) / "windtunnel.json").is_file()]
+        if missing:
+            ap.error(f"{', '.join(missing)}: not a trained wind-tunnel folder (no windtunnel.json); pass a checkpoint "
+                     f"name under {WINDTUNNELS_DIR} or a folder path.")
         torch.set_num_threads(args.threads)
         for name in args.checkpoints:
             t0 = time.perf_counter()
-            g = tunnel_geometry(resolve(name), n=args.n, n_null=args.n_null, seed=args.seed)
+            g = tunnel_geometry(checkpoint_folder(name), n=args.n, n_null=args.n_null, seed=args.seed)
             g["seconds"] = time.perf_counter() - t0
             (args.out / g["checkpoint"]).mkdir(parents=True, exist_ok=True)
             atomic_write_text(args.out / g["checkpoint"] / "geometry.json", json.dumps(g, indent=2))

@@ -21,13 +21,9 @@ import torch
 
 from interp_bayes.analyses.p4b import P4bResult, ablation_verdicts, answer, cost_tolerance, decoding_verdict, p4b
 from interp_bayes.core.errors import ConfigError
+from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR, checkpoint_folder
 from interp_bayes.tasks.bijection import BijectionTask
 
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
-
-
-def resolve(name: str) -> Path:
-    return CHECKPOINTS / name if (CHECKPOINTS / name).is_dir() else Path(name)
 
 
 def num(x, digits: int = 4) -> str:
@@ -96,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                                    answer(d["decoding"], d["ablations"], name), d["meta"])))
         return 0
     for name in args.checkpoints:
-        folder = resolve(name)
+        folder = checkpoint_folder(name)
         if not (folder / "windtunnel.json").is_file():
             print(f"{name} is not a trained wind-tunnel folder (no windtunnel.json); pass a checkpoint name under "
-                  f"{CHECKPOINTS} or a folder path.", file=sys.stderr)
+                  f"{WINDTUNNELS_DIR} or a folder path.", file=sys.stderr)
             return 2
         start = time.time()
         try:

@@ -21,13 +21,9 @@ import torch
 from interp_bayes.analyses.belief import windtunnel_belief_probes
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.analyses.subspaces import subspace_ablation
+from interp_bayes.kinds.windtunnel import checkpoint_folder
 
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
 METRICS = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
-
-
-def resolve(name: str) -> Path:
-    return CHECKPOINTS / name if (CHECKPOINTS / name).is_dir() else Path(name)
 
 
 def fmt(x: float) -> str:
@@ -96,7 +92,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     parts = {"table": table, "probes": probes, "subspaces": subspaces}
     for name in args.checkpoints:
-        folder = resolve(name)
+        folder = checkpoint_folder(name)
         for part in args.parts:
             start, cpu = time.perf_counter(), time.process_time()
             result = parts[part](folder)

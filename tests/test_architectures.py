@@ -16,8 +16,8 @@ import interp_bayes as ib
 from interp_bayes.cli import main
 from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
 from interp_bayes.windtunnel.archs import ContextMLP, LSTMWindtunnel, MLPBaseline
-from interp_bayes.windtunnel.configs import (MAMBA_CHUNK, PRESETS, build_model, build_transformer, load_windtunnel, make_config,
-                                             make_task, n_params)
+from interp_bayes.windtunnel.configs import (MAMBA_CHUNK, PRESETS, build_model, build_transformer, load_windtunnel,
+                                             make_config, make_task, n_params)
 from interp_bayes.windtunnel.train import save_folder
 
 # float32 with a few hundred rounded operations per output at these sizes (each within 2**-24 relative): 1e-5
@@ -78,7 +78,6 @@ def test_mamba_hook_points_equal_hf_hidden_states(tmp_path):
         torch.testing.assert_close(logits, ref.logits, **TOL)
 
 
-
 def test_mamba_chunk_length_changes_the_cost_not_the_function():
     """configs.MAMBA_CHUNK (16, for speed) against HF's default 64 and a length that splits the sequence unevenly:
     the same weights give the same logits (the chunked scan is exact; float32 sums in another order)."""
@@ -91,6 +90,7 @@ def test_mamba_chunk_length_changes_the_cost_not_the_function():
             for mixer in (layer.mixer for layer in hf.backbone.layers):
                 mixer.chunk_size = chunk
             torch.testing.assert_close(hf(ids).logits, ref, **TOL)
+
 
 def test_context_mlp_hook_points_equal_a_per_position_loop():
     torch.manual_seed(0)

@@ -187,7 +187,7 @@ def test_a_negative_r2_never_decodes_even_above_its_null():
 
 
 def test_cluster_alignment_names_the_label_the_clusters_are():
-    from interp_bayes.analyses.p4b import cluster_alignment
+    from interp_bayes.stats.clusters import cluster_alignment
 
     rng = np.random.default_rng(1)
     state = rng.integers(0, 4, size=400)
@@ -229,3 +229,7 @@ def test_tunnel_geometry_end_to_end_on_a_tiny_hmm(tmp_path):
     assert train_main(["recall", "--preset", "tiny", "--steps", "2", "--out", str(recall), "--quiet"]) == 0
     with pytest.raises(ConfigError, match="bijection and HMM"):
         tunnel_geometry(recall)
+    nowhere = tmp_path / "refused"  # a name that is no trained folder: one sentence, exit 2, before anything is written
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--out", str(nowhere), "--checkpoints", str(folder), "no-such-checkpoint"])
+    assert exit_info.value.code == 2 and not nowhere.exists()

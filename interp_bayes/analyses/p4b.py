@@ -45,7 +45,7 @@ from ..core.results import Row
 from ..model.collect import Activations, query_readings
 from ..model.edits import intervene
 from ..stats import as_float64, centre_within, covariate_basis
-from ..stats.clusters import cluster_count
+from ..stats.clusters import cluster_alignment, cluster_count
 from ..stats.pca import pca
 from ..stats.ledger import FAILS, HOLDS, beyond_null, not_beyond_null
 from ..tasks.base import entropy_bits
@@ -69,6 +69,28 @@ AUTHORS = dict(axis_r2=0.999999999167221, axis_delta_mae_bits=-0.001023277174681
 def readout_sites(model) -> list[tuple[str, str, int]]:
     """(label, site, layer) of every residual-stream reading: the embedding output, then each block's output."""
     return [(EMBED, "resid_pre", 0)] + [(str(layer), "resid", layer) for layer in range(model.cfg.n_layers)]
+
+
+def load_tunnel(folder: Path, tasks: tuple[str, ...], what: str):
+    """(config, task, model) of a trained wind-tunnel folder whose task is one of ``tasks`` and whose model has
+    TransformerLens hook points (the residual stream is read through them); else one sentence naming the fix."""
+    from ..windtunnel.configs import TrainConfig, load_windtunnel, make_task
+
+    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
+    if cfg.task not in tasks:
+        names = " and ".join({"hmm": "HMM"}.get(t, t) for t in tasks)
+        raise ConfigError(f"{what} is defined on the {names} tunnels; {folder} was trained on '{cfg.task}'.")
+    model, _ = load_windtunnel(folder)
+    if not hasattr(model, "hooks") or not hasattr(model, "cfg"):
+        raise ConfigError(f"{folder} holds a {type(model).__name__} without TransformerLens hook points; {what} "
+                          "reads the residual stream, so wrap the model in hook points (blocks.L.hook_resid_post).")
+    return cfg, make_task(cfg), model
+
+
+def residual_readings(model, batch, sites) -> dict[str, torch.Tensor]:
+    """label -> [n * Q, d] the residual stream at every query position, at each of ``readout_sites``."""
+    return {label: query_readings(model, batch, layers=[layer], readings=(site,))[site][layer]
+            for label, site, layer in sites}
 
 
 def _activations(x: torch.Tensor, site: str, layer: int, n_layers: int, groups: np.ndarray) -> Activations:
@@ -108,17 +130,8 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
     variance-matched random subspaces per ablated subspace."""
     from tqdm.auto import tqdm
 
-    from ..windtunnel.configs import TrainConfig, load_windtunnel, make_task
-
     folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    if cfg.task != "bijection":
-        raise ConfigError(f"P4b is defined on the bijection tunnels; {folder} was trained on '{cfg.task}'.")
-    task = make_task(cfg)
-    model, _ = load_windtunnel(folder)
-    if not hasattr(model, "hooks") or not hasattr(model, "cfg"):
-        raise ConfigError(f"{folder} holds a {type(model).__name__} without TransformerLens hook points; P4b reads "
-                          "the residual stream, so wrap the model in hook points (blocks.L.hook_resid_post).")
+    cfg, task, model = load_tunnel(folder, ("bijection",), "P4b")
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H, Q = task.hypothesis_ids, len(task.hypothesis_ids), len(fit.query_pos)
     n_layers = model.cfg.n_layers
@@ -137,8 +150,7 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
 
     base = run("resid", 0)
     sites = readout_sites(model)
-    readings = {label: query_readings(model, fit, layers=[layer], readings=(site,))[site][layer]
-                for label, site, layer in sites}
+    readings = residual_readings(model, fit, sites)
     every = {label: every_position(model, fit, layer, site) for label, site, layer in sites}
     embed_x, embed_tokens = every[EMBED]
     means = [embed_x[embed_tokens == h].mean(0) for h in hyp if (embed_tokens == h).any()]
@@ -158,9 +170,7 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
                  "position decodable": _decodability(x, position, site=site, layer=layer, shuffle="rows",
                                                      target="position", **kw)}
         for test, row in tests.items():
-            d = dict(model=folder.name, layer=label, test=test, target=row.scope["target"], r2=row.value,
-                     r2_ci=[row.low, row.high], null=row.null, null_range=[row.null_low, row.null_high], note=row.note)
-            decoding.append(d | dict(verdict=decoding_verdict(d)))
+            decoding.append(decoding_entry(row, model=folder.name, layer=label, test=test))
         named = {"entropy-axis": fit_direction(xq, entropy, "ridge")[None],
                  "position-axis": fit_direction(xq, position, "ridge")[None]}
         if within_varies:
@@ -193,6 +203,13 @@ def decoding_verdict(d: dict) -> str:
     row = Row("decoding_r2", d["r2"], null_low=d["null_range"][0], null_high=d["null_range"][1], note=d["note"])
     verdict = beyond_null(row)
     return FAILS if verdict == HOLDS and row.value <= 0 else verdict
+
+
+def decoding_entry(row: Row, **scope) -> dict:
+    """One decodability row as the tables read it (``scope``: model, layer, test), with its ``decoding_verdict``."""
+    d = dict(scope, target=row.scope["target"], r2=row.value, r2_ci=[row.low, row.high], null=row.null,
+             null_range=[row.null_low, row.null_high], note=row.note)
+    return d | dict(verdict=decoding_verdict(d))
 
 
 def cost_tolerance(n_hypotheses: int) -> float:
@@ -280,41 +297,17 @@ def final_geometry(readings: dict[str, torch.Tensor], entropy: np.ndarray, group
                 pc1_null=rep["nulls"]["permuted"], clusters=cluster_count(x, seed=seed))
 
 
-
-def cluster_alignment(x, labels: dict[str, np.ndarray], k: int, *, seed: int = 0) -> dict[str, float]:
-    """How far the k-means partition of the rows of ``x`` into ``k`` clusters (standardised, as ``cluster_count``
-    searches) is each of ``labels`` (name -> [n] labels): the adjusted Rand index, 1 for the same partition, 0 for
-    one no closer than chance."""
-    from sklearn.cluster import KMeans
-    from sklearn.metrics import adjusted_rand_score
-    from threadpoolctl import threadpool_limits
-
-    x = as_float64(x)
-    sd = x.std(axis=0)
-    z = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-    with threadpool_limits(limits=1):
-        parts = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(z)
-    return {name: float(adjusted_rand_score(np.asarray(lab), parts)) for name, lab in labels.items()}
-
-
 def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null: int = 20, n_boot: int = 200,
                     seed: int = 2024) -> dict:
     """Issue 27 item 6 on the bijection and HMM tunnels (recall's exact entropy is 0 at every query: nothing to
-    decode) and any architecture the collector reads at the residual stream: the exact posterior's entropy decoded at the embedding layer and after every block, held
-    out with folds of whole sequences, raw (rows shuffled for the null) and within position (one indicator per
-    query index); the final layer's PC1 share and cluster count against their nulls (``final_geometry``); and on the
-    HMM, the question behind "one cluster per hidden state": the k-means partition into as many clusters as states
-    against the MAP state, and against the last observation, which names the state under an identity emission map
-    (``cluster_alignment``)."""
-    from ..windtunnel.configs import TrainConfig, load_windtunnel, make_task
-
+    decode) and any architecture the collector reads at the residual stream: the exact posterior's entropy decoded
+    at the embedding layer and after every block, held out with folds of whole sequences, raw (rows shuffled for the
+    null) and within position (one indicator per query index); the final layer's PC1 share and cluster count against
+    their nulls (``final_geometry``); and on the HMM, the question behind "one cluster per hidden state": the k-means
+    partition into as many clusters as states against the MAP state, and against the last observation, which names
+    the state under an identity emission map (``stats.clusters.cluster_alignment``)."""
     folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    if cfg.task not in ("bijection", "hmm"):
-        raise ConfigError(f"The tunnel geometry is defined on the bijection and HMM tunnels; {folder} was trained on "
-                          f"'{cfg.task}'.")
-    task = make_task(cfg)
-    model, _ = load_windtunnel(folder)
+    cfg, task, model = load_tunnel(folder, ("bijection", "hmm"), "The tunnel geometry")
     batch = task.sample(n, seed=[seed, 0])
     post = batch.posterior.double()  # [n, Q, H]
     Q, H = post.shape[1:]
@@ -324,16 +317,14 @@ def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null:
     kw = dict(n_layers=model.cfg.n_layers, groups=groups, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed,
               target="entropy")
     sites = readout_sites(model)
-    readings = {label: query_readings(model, batch, layers=[layer], readings=(site,))[site][layer]
-                for label, site, layer in sites}
+    readings = residual_readings(model, batch, sites)
+    tests = (("decodable", dict(shuffle="rows")),
+             ("within position", dict(covariates=covariate_basis({"position": position}))))
     decoding = []
     for label, site, layer in sites:
-        for test, extra in (("decodable", dict(shuffle="rows")),
-                            ("within position", dict(covariates=covariate_basis({"position": position})))):
+        for test, extra in tests:
             row = _decodability(readings[label], entropy, site=site, layer=layer, **extra, **kw)
-            d = dict(layer=label, test=test, r2=row.value, r2_ci=[row.low, row.high],
-                     null_range=[row.null_low, row.null_high], note=row.note)
-            decoding.append(d | dict(verdict=decoding_verdict(d)))
+            decoding.append(decoding_entry(row, layer=label, test=test))
     geometry = final_geometry(readings, entropy, groups, seed=seed)
     if cfg.task == "hmm":
         final = readings[sites[-1][0]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .arrays import as_float64
+from .pca import standardise
 from .permutation import p_value
 from .resample import interval
 
@@ -38,8 +39,7 @@ def cluster_count(x, *, k_max: int = 8, n_null: int = 20, max_rows: int = 1000, 
     rng = np.random.default_rng(seed)
     if len(x) > max_rows:
         x = x[rng.choice(len(x), max_rows, replace=False)]
-    sd = x.std(axis=0)
-    z = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    z = standardise(x)
     cov = np.cov(z, rowvar=False)
     with threadpool_limits(limits=1):
         best_k, best, scores = _best_silhouette(z, k_max, seed)
@@ -49,3 +49,16 @@ def cluster_count(x, *, k_max: int = 8, n_null: int = 20, max_rows: int = 1000, 
     return dict(n_clusters=best_k if best > null_range[1] else 1, best_k=best_k, silhouette=best,
                 silhouettes={k: s for k, s in zip(range(2, k_max + 1), scores)}, null_range=null_range,
                 null_mean=float(np.mean(null)), p=p_value(best, null), n_null=n_null, n=int(len(z)))
+
+
+def cluster_alignment(x, labels: dict[str, np.ndarray], k: int, *, seed: int = 0) -> dict[str, float]:
+    """How far the k-means partition of the rows of ``x`` into ``k`` clusters (standardised, as ``cluster_count``
+    searches) is each of ``labels`` (name -> [n] labels): the adjusted Rand index, 1 for the same partition, 0 for
+    one no closer than chance."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        parts = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(standardise(x))
+    return {name: float(adjusted_rand_score(np.asarray(lab), parts)) for name, lab in labels.items()}
