@@ -141,8 +141,8 @@ def _results(args: argparse.Namespace) -> int:
     from .report.view import RunView
     from .core.results import to_csv, to_json
 
-    rows = RunView.load(args.run).rows()
-    text = to_csv(rows) if args.format == "csv" else to_json(rows)
+    view = RunView.load(args.run)
+    text = (to_csv if args.format == "csv" else to_json)(view.rows(), view.origins())
     if args.out:
         from .core.store import atomic_write_text
 

@@ -259,12 +259,14 @@ class Run:
         return RunView.load(self.folder).rows()
 
     def table(self):
-        """The tidy rows as a pandas DataFrame (one row per number; scope keys as columns)."""
+        """The tidy rows as a pandas DataFrame (one row per number; scope keys as columns), as ``results.csv``."""
         import pandas as pd
 
         from ..core.results import records
+        from ..report.view import RunView
 
-        return pd.DataFrame(records(self.rows))
+        view = RunView.load(self.folder)
+        return pd.DataFrame(records(view.rows(), view.origins()))
 
     def summary(self) -> list:
         """The summary lines (label, value, verdict, paper key) of every finished probe."""
@@ -637,6 +639,7 @@ def _views(folder: Path) -> None:
     from ..core.results import to_csv
 
     with stage_lock(folder, "views"):  # a concurrent process's rebuild cannot overwrite this one with older rows
-        atomic_write_text(folder / "results.csv", to_csv(RunView.load(folder).rows()))
+        view = RunView.load(folder)
+        atomic_write_text(folder / "results.csv", to_csv(view.rows(), view.origins()))
         build_report(folder)
 
