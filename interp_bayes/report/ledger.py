@@ -149,7 +149,7 @@ def matrix(runs_claims: list[tuple[str, list]]) -> str:
         body.append(f"<tr{cls}><td>{html.escape(label)}{mark}</td>{''.join(cells)}</tr>")
     return (f"<table class=\"ledger matrix\"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             "<p class=\"note\">A cell's tooltip holds its decisive number; “differs”: the runs disagree on the "
-            "claim; “not testable here”: the run has no probe (or no finished probe) that tests it; “…” in a claim: the "
-            "part each run states at its own scope (a layer), shown under its verdict.</p>")
+            "claim; “not testable here”: the run has no probe (or no finished probe) that tests it; “…” in a "
+            "claim: the part each run states at its own scope (a layer), shown under its verdict.</p>")
 
 

@@ -138,7 +138,8 @@ class RunView:
         out = []
         for p in self._probes:
             tunnel = subject_of(p)
-            out += [dict(run=self.folder.name, model=tunnel or self.name, model_key="" if tunnel else key)] * len(p.rows)
+            origin = dict(run=self.folder.name, model=tunnel or self.name, model_key="" if tunnel else key)
+            out += [origin] * len(p.rows)
         return out
 
     def summary(self) -> list:
