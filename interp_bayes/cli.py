@@ -141,8 +141,8 @@ def _results(args: argparse.Namespace) -> int:
     from .report.view import RunView
     from .core.results import to_csv, to_json
 
-    rows = RunView.load(args.run).rows()
-    text = to_csv(rows) if args.format == "csv" else to_json(rows)
+    view = RunView.load(args.run)
+    text = (to_csv if args.format == "csv" else to_json)(view.rows(), view.origins())
     if args.out:
         from .core.store import atomic_write_text
 
@@ -207,31 +207,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     _configure_output(getattr(args, "quiet", False), getattr(args, "verbose", False))
     import signal
-    import threading
 
-    terminated = []
+    from .core.stop import check_stop, stop_on_signal, stop_requested
 
-    def on_sigterm(signum, frame):  # a scheduler's stop or `kill` takes Ctrl-C's path: views rebuilt, one line
-        terminated.append(signum)
-        raise KeyboardInterrupt
-
-    # signal handlers can be set from the main thread only; the previous one comes back, for callers in-process
-    installed = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if installed else None
-    try:
-        return args.func(args) or 0
-    except InterpBayesError as err:
-        print(f"interp-bayes: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:
-        if terminated:  # 128 + the signal's number, as a shell reports a process that SIGTERM ended
-            print(f"interp-bayes: terminated (SIGTERM): {err or 'interrupted'}", file=sys.stderr)
-            return 128 + signal.SIGTERM
-        print(f"\ninterp-bayes: {err or 'interrupted'}", file=sys.stderr)
-        return 130
-    finally:
-        if installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    # a scheduler's stop or `kill` takes Ctrl-C's path (views rebuilt, one line), raised at the next safe point
+    with stop_on_signal(signal.SIGTERM):
+        try:
+            code = args.func(args) or 0
+            check_stop()  # a SIGTERM after the last safe point still ends the process as terminated
+            return code
+        except InterpBayesError as err:
+            print(f"interp-bayes: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as err:
+            said = str(err) or "interrupted"
+            if stop_requested():  # 128 + the signal's number, as a shell reports a process that SIGTERM ended
+                print(f"interp-bayes: terminated (SIGTERM): {said}", file=sys.stderr)
+                return 128 + signal.SIGTERM
+            print(f"\ninterp-bayes: {said}", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

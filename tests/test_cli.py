@@ -224,8 +224,10 @@ def test_results_export_and_probes_listing(tiny_dirs, tmp_path, small_probes, ca
                                 probes=small_probes[2:3]))
     assert main(["results", str(run.folder)]) == 0
     csv_text = capsys.readouterr().out
-    assert csv_text.splitlines()[0].startswith("probe,kind,metric,layer,value,low,high,interval,null_low")
-    assert "keys,keys,key_orthogonality,1," in csv_text
+    assert csv_text.splitlines()[0].startswith("run,model,model_key,probe,kind,metric,layer,value,low,high,interval,"
+                                               "null_low")
+    assert f"{run.folder.name},{tiny_dirs['llama3'].name}," in csv_text
+    assert ",keys,keys,key_orthogonality,1," in csv_text
     assert main(["results", str(run.folder), "--format", "json"]) == 0
     records = json.loads(capsys.readouterr().out)
     assert records[0]["metric"] == "key_orthogonality" and records[0]["verdict"] in ("above null", "within null",

@@ -31,6 +31,7 @@ import torch
 
 from ..core.errors import UnsupportedModelError
 from ..core.layers import layer_index
+from ..core.stop import check_stop
 from ..core.results import Row
 from ..model.hooks import act_name, module_input
 from ..stats import as_float64, bootstrap_ratio, interval, percentile_of
@@ -283,6 +284,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     with _quiet_scale_edits():
         head = _AffineHead(model, w_out, post) if last else None
         for step, (b, frozen) in enumerate(zip(batches, clean["scale_tensors"])):
+            check_stop()
             ids = torch.tensor([token_ids[i] for i in b], device=device)
             if head_only:
                 resid, act, h = clean["head_inputs"][step]

@@ -41,6 +41,7 @@ from ..stats import fit_ridge, interval, p_value, percentile_of
 from ..stats.calibration import kl_bits
 from ..core.errors import ConfigError
 from ..core.layers import layer_index
+from ..core.stop import check_stop
 from ..stats import as_float64
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
@@ -177,6 +178,7 @@ def ablation_costs(run, values: np.ndarray, named: dict[str, np.ndarray], base_l
             true_losses = None
             for kind, (draws, ratios) in frames.items():
                 for draw, (frame, ratio) in enumerate(zip(draws, ratios)):
+                    check_stop()
                     err, kl = run(OPS[op](torch.from_numpy(np.ascontiguousarray(frame)).float()))
                     true_losses = (err, kl) if kind == "true" else true_losses
                     rows.append(dict(scope or {}, layer=layer, subspace=name, k=int(basis.shape[0]), op=op,

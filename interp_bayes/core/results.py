@@ -100,27 +100,33 @@ def scope_columns(rows: Iterable[Row]) -> list[str]:
 
 COLUMNS = ("probe", "kind", "metric", "value", "low", "high", "interval", "null_low", "null_high", "null", "n",
            "unit", "verdict", "note")
+# which run and model a row of a run folder came from (``report.view.RunView.origins``), so that tables of several
+# runs concatenated still say it: the run key (the folder's name), the model as named, a hash of its identity
+ORIGIN_COLUMNS = ("run", "model", "model_key")
 
 
-def records(rows: list[Row]) -> list[dict]:
-    """Flat records, one per row: the scope spread into columns, plus the verdict."""
+def records(rows: list[Row], origins: list[dict] | None = None) -> list[dict]:
+    """Flat records, one per row: the scope spread into columns, plus the verdict; ``origins`` (one per row) puts
+    ``ORIGIN_COLUMNS`` first."""
     scope = scope_columns(rows)
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
         d = {c: getattr(r, c) if c != "verdict" else r.verdict() for c in COLUMNS}
-        out.append({**{c: d[c] for c in COLUMNS[:3]}, **{k: r.scope.get(k) for k in scope},
+        out.append({**({c: origins[i][c] for c in ORIGIN_COLUMNS} if origins is not None else {}),
+                    **{c: d[c] for c in COLUMNS[:3]}, **{k: r.scope.get(k) for k in scope},
                     **{c: d[c] for c in COLUMNS[3:]}})
     return out
 
 
-def to_csv(rows: list[Row]) -> str:
-    recs = records(rows)
+def to_csv(rows: list[Row], origins: list[dict] | None = None) -> str:
+    recs = records(rows, origins)
+    empty = [*(ORIGIN_COLUMNS if origins is not None else ()), *COLUMNS]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(recs[0]) if recs else list(COLUMNS), lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(recs[0]) if recs else empty, lineterminator="\n")
     writer.writeheader()
     writer.writerows({k: "" if v is None else v for k, v in rec.items()} for rec in recs)
     return buf.getvalue()
 
 
-def to_json(rows: list[Row]) -> str:
-    return json.dumps(records(rows), indent=1)
+def to_json(rows: list[Row], origins: list[dict] | None = None) -> str:
+    return json.dumps(records(rows, origins), indent=1)

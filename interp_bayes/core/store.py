@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
@@ -32,7 +33,9 @@ from typing import Callable, Iterator
 import yaml
 
 from .errors import CacheError, ConfigError
+from .stop import check_stop
 
+LOCK_POLL_S = 0.2  # how often a process waiting for a stage lock tries again
 MANIFEST = "manifest.json"  # the digests of a saved activation set (``seal``), written last
 TRACKED_PACKAGES = ("interp_bayes", "torch", "transformer-lens", "transformers", "accelerate", "datasets",
                     "scikit-learn", "plotly", "numpy", "safetensors", "tokenizers", "gguf")
@@ -104,7 +107,13 @@ def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None
         except BlockingIOError:
             if on_wait is not None:
                 on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            while True:  # polled, not blocking: a stop asked meanwhile is honoured (core.stop)
+                check_stop()
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(LOCK_POLL_S)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -7,6 +7,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..core.stop import check_stop
 from ..tasks.sticky import bayes_predictive, sample_sticky
 
 from .measures import entropy_nats
@@ -60,6 +61,7 @@ def train_deep(seed: int, *, T: int = 2000, n_steps: int = 2000, lr: float = 3e-
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, n_steps)
         losses = []
         for _ in range(n_steps):
+            check_stop()
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()

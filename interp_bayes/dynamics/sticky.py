@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from ..core.errors import ConfigError
+from ..core.stop import check_stop
 from ..tasks.sticky import StickyChain, bayes_predictive, sample_sticky
 
 from .laws import single_head_gradients
@@ -70,6 +71,7 @@ def train_single_head(chain: StickyChain, method: str, init: dict[str, torch.Ten
     x, y = chain.inputs.to(init["W_Q"].dtype), chain.targets
     losses, record = [], {"step": [], "pc1_share": [], "entropy_r2": [], "entropy_sd": []}
     for step in range(n_steps + 1):
+        check_stop()
         g = single_head_gradients(params, x, y, mixed_inputs=method == "em_closed")
         losses.append(float(g["loss"]))
         if step % record_every == 0 or step == n_steps:

@@ -5,7 +5,6 @@ the edits evaluated on the other half (``fit: in_sample`` fits on the evaluation
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -113,15 +112,13 @@ def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol) -> Result:
     task = {key: [s.task[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
     if acts.groups is not None:  # the MAE's bootstrap resamples whole groups (a wind tunnel's sequences)
         task["groups"] = np.asarray(acts.groups)[ev]
-    t = time.perf_counter()
     res = run_interventions(s.model, [s.prompts[i] for i in eval_idx], axes,
                             {layer: acts.values(layer)[fit_idx] for layer in layers}, task, edits,
                             label_tokens=s.label_tokens, batch_size=ctx.config.batch_size,
                             progress=not ctx.config.quiet)
-    seconds = time.perf_counter() - t
     rows = summarize(res, task, seed=ctx.config.seed)
     rows += geometry + [Row("axis_sigma", a.sigma, "value units", dict(layer=layer)) for layer, a in axes.items()]
-    rows += [Row("forward_prompts", res.n_forward_prompts, "prompts", {}), Row("seconds", seconds, "s", {})]
+    rows.append(Row("forward_prompts", res.n_forward_prompts, "prompts", {}))  # wall time: stage.json's seconds
     return Result(rows, dict(runs=res.rows, baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
                              fit=p.fit, n_eval=len(eval_idx), n_fit=len(fit_idx)))
 

@@ -22,6 +22,7 @@ import torch
 from ..core.errors import ConfigError, NonFiniteActivationError, PromptError
 from ..core.layers import layer_index, resolve_layers
 from ..core.store import MANIFEST, read_json, seal, unseal
+from ..core.stop import check_stop
 from .hooks import act_name, module_input, reading_hook
 from .loading import checkpoint_tokenizer, model_info, tokenizer_policy
 
@@ -200,6 +201,7 @@ def tokenize(model, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Ten
     tok = checkpoint_tokenizer(model)
     out = []
     for text in prompts:
+        check_stop()  # a tokenizer's finalisers would swallow a handler's exception (core.stop)
         ids = tok(text, add_special_tokens=True)["input_ids"]
         bos = tok.bos_token_id
         if prepend_bos is True and bos is not None and (not ids or ids[0] != bos):
@@ -346,6 +348,7 @@ def collect(
     bar = tqdm(total=n, desc="collect", unit="prompt", disable=not progress)
     with model.hooks(fwd_hooks=reading_hooks(readings, layer_idx, current) + final_position_tail(model)):
         for idx in length_batches(token_ids, batch_size):
+            check_stop()
             ids = torch.tensor([token_ids[i] for i in idx], device=device)
             logits = final_logits(model, ids)
             index = torch.tensor(idx)
@@ -405,6 +408,7 @@ def token_values(model, prompts, layers: Sequence[int], *, site: str = "v",
 
     with model.hooks(fwd_hooks=[(reading_hook(site, blocks[layer]), keep(layer)) for layer in layers]):
         for idx in length_batches(token_ids, batch_size):
+            check_stop()
             final_logits(model, torch.tensor([token_ids[i] for i in idx], device=device))
             for layer in layers:
                 if not torch.isfinite(got[layer]).all():
@@ -447,5 +451,6 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
     fwd_hooks = [(reading_hook(r, layer), keep(r, layer)) for r in readings for layer in layers]
     with model.hooks(fwd_hooks=fwd_hooks):
         for start in range(0, batch.input_ids.shape[0], batch_size):
+            check_stop()
             model(batch.input_ids[start : start + batch_size].to(device))
     return {r: {layer: torch.cat(got[(r, layer)]) for layer in layers} for r in readings}

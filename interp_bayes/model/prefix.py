@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from ..core.layers import layer_index
+from ..core.stop import check_stop
 from .edits import bind_edit, intervene
 from .hooks import reading_hook
 
@@ -216,6 +217,7 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
             run.kl[index] = kl_bits(torch.log_softmax(logits.float(), dim=-1).cpu(), base_lp)
 
     for idx in length_batches(token_ids, batch_size):
+        check_stop()
         ids = torch.tensor([token_ids[i] for i in idx], device=device)
         index, rows = torch.tensor(idx), len(idx)
         with capture_residuals(model, starts) as residual, model.hooks(

@@ -19,7 +19,7 @@ from ..stats.ledger import VERDICTS
 from . import ledger as L
 from .page import FILTER_SCRIPT, figure_div, plotly_packed_script, renderer_script
 from .tables import PAPER_ATTENTION, PAPER_ROWS
-from .view import RunView
+from .view import ReportError, RunView, enclosing_run
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #1d2733;
        max-width: 1180px; margin: 0 auto; padding: 24px 32px 64px; line-height: 1.45; background: #fff; }
@@ -268,9 +268,14 @@ def partial_note(run: RunView) -> str:
 
 
 def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
-    """Write a cross-model page (Paper III Table 2 layout) for ``run_folders`` to ``out_path``."""
+    """Write a cross-model page (Paper III Table 2 layout) for ``run_folders`` to ``out_path`` (never into a run
+    folder, where it would overwrite or mix with what the sweep wrote: its report.html above all)."""
     from .figures import compare_figures
 
+    run = enclosing_run(out_path)
+    if run is not None:
+        raise ReportError(f"--out {out_path} is inside the run folder {run} and would overwrite its files (its "
+                          "report.html); write the comparison outside every run folder, e.g. --out compare.html.")
     runs = [RunView.load(f) for f in run_folders]
     rows = [_compare_row(r) for r in runs]
     rows += [[f"{name} (paper)", PAPER_ATTENTION[name]] + [paper.get(k, "—") for k in PAPER_KEYS[2:]]

@@ -55,7 +55,7 @@ def paper_text(paper: str) -> str:
 
 def ledger_css() -> str:
     return "".join(f".v-{cls} {{ color: {colour}; font-weight: 600; white-space: nowrap; }} "
-                   for _, colour, cls in STYLE.values())
+                   for _, colour, cls in STYLE.values()) + ".matrix .scope { font-size: 0.85em; color: #5b6b7c; } "
 
 
 def ledger_table(claims: list, model: str) -> str:
@@ -98,32 +98,58 @@ def ledger_lines(claims: list, model: str, width: int = 118) -> list[str]:
     return out
 
 
+def common_frame(texts: list[str]) -> tuple[str, str, list[str]]:
+    """(prefix, suffix, middles) of texts that differ only in part, e.g. a claim stated at each run's own layer:
+    the longest prefix and suffix all share, cut at word boundaries, and what each text holds between them (all
+    "" when the texts are equal)."""
+    first, short = texts[0], min(map(len, texts))
+    n = 0
+    while n < short and all(t[n] == first[n] for t in texts):
+        n += 1
+    if all(len(t) == n for t in texts):
+        return first, "", [""] * len(texts)
+    while n > 0 and first[n - 1].isalnum():  # back to the start of the word it falls in
+        n -= 1
+    m = 0
+    while m < short - n and all(t[-1 - m] == first[-1 - m] for t in texts):
+        m += 1
+    while 0 < m < len(first) and first[-m].isalnum() and first[-m - 1].isalnum():  # on to the end of the word
+        m -= 1
+    return first[:n], first[len(first) - m:], [t[n:len(t) - m] for t in texts]
+
+
 def matrix(runs_claims: list[tuple[str, list]]) -> str:
     """The claims x models matrix of the compare and grid pages: one row per claim (key and subject), one column
-    per run, each cell the verdict; a row whose verdicts differ across runs is marked, so flips stand out."""
+    per run, each cell the verdict; a row whose verdicts differ across runs is marked, so flips stand out. A claim
+    stated at each run's own scope (its layer: one model's L29 is another's L1) shows the common text in the row
+    and each run's part under its verdict."""
     if not any(claims for _, claims in runs_claims):
         return "<p class=\"note\">No run holds a finished probe that tests a claim.</p>"
-    rows: dict[tuple, str] = {}
-    for _, claims in runs_claims:
-        for c in claims:
-            rows.setdefault((c.key, c.subject), c.claim + (f" ({c.subject})" if c.subject else ""))
+    keys = list(dict.fromkeys((c.key, c.subject) for _, claims in runs_claims for c in claims))
     head = "<th>claim</th>" + "".join(f"<th>{html.escape(name)}</th>" for name, _ in runs_claims)
     body = []
-    for key, label in rows.items():
+    for key in keys:
+        found = [next((c for c in claims if (c.key, c.subject) == key), None) for _, claims in runs_claims]
+        texts = [c.claim for c in found if c is not None]
+        prefix, suffix, middles = common_frame(texts)
+        label = prefix + ("…" if any(middles) else "") + suffix + (f" ({key[1]})" if key[1] else "")
+        own = iter(middles)
         cells, seen = [], set()
-        for _, claims in runs_claims:
-            c = next((c for c in claims if (c.key, c.subject) == key), None)
+        for c in found:
             if c is None:
                 cells.append(f"<td>{badge(UNTESTABLE)}</td>")
                 continue
             seen.add(c.verdict)
-            cells.append(f"<td title=\"{html.escape(c.evidence)}\">{badge(c.verdict)}</td>")
+            scope = next(own)
+            scope = f"<br><span class=\"scope\">{html.escape(scope)}</span>" if scope else ""
+            cells.append(f"<td title=\"{html.escape(c.evidence)}\">{badge(c.verdict)}{scope}</td>")
         flip = len(seen) > 1
         mark = " <span class=\"tag\">differs</span>" if flip else ""
         cls = " class=\"flip\"" if flip else ""
         body.append(f"<tr{cls}><td>{html.escape(label)}{mark}</td>{''.join(cells)}</tr>")
     return (f"<table class=\"ledger matrix\"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             "<p class=\"note\">A cell's tooltip holds its decisive number; “differs”: the runs disagree on the "
-            "claim; “not testable here”: the run has no probe (or no finished probe) that tests it.</p>")
+            "claim; “not testable here”: the run has no probe (or no finished probe) that tests it; “…” in a "
+            "claim: the part each run states at its own scope (a layer), shown under its verdict.</p>")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import CacheError, ConfigError, InterpBayesError
 from ..core.results import Row, read_rows
-from ..core.store import read_json, read_yaml, unseal, warn
+from ..core.store import content_key, read_json, read_yaml, unseal, warn
 
 
 class ReportError(InterpBayesError, ValueError):
@@ -23,6 +23,12 @@ def _read_optional(path: Path) -> dict:
     except CacheError as err:
         warn(str(err))
         return {}
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The run folder (one holding ``run.json``) that ``path`` is or lies in, or None."""
+    path = Path(path).resolve()
+    return next((p for p in [path, *path.parents] if (p / "run.json").is_file()), None)
 
 
 @dataclass
@@ -122,6 +128,19 @@ class RunView:
 
     def rows(self) -> list[Row]:
         return [r for p in self._probes for r in p.rows]
+
+    def origins(self) -> list[dict]:
+        """Per row of ``rows()``, the run and model it came from (``core.results.ORIGIN_COLUMNS``): the run key, the
+        model as named (a probe on a wind tunnel: the tunnel) and a hash of the model's identity (``model.json``;
+        "" for a tunnel, or before the model was loaded)."""
+        identity = self.model.get("identity")
+        key = content_key(identity) if identity else ""
+        out = []
+        for p in self._probes:
+            tunnel = subject_of(p)
+            origin = dict(run=self.folder.name, model=tunnel or self.name, model_key="" if tunnel else key)
+            out += [origin] * len(p.rows)
+        return out
 
     def summary(self) -> list:
         """Summary lines of every finished probe, each computed by its kind from its rows alone."""

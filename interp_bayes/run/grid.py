@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import ConfigError, GridError, InterpBayesError
+from ..core.stop import check_stop
 from ..core.store import checked_name, inside
 
 EXECUTORS = ("local", "ray")
@@ -378,7 +379,11 @@ def _run_ray(cells: list[Cell], folders: list[Path], logs: list[Path], grid: Gri
     try:
         with _bar(len(cells), quiet) as bar:
             while pending:
-                (done,), _ = ray.wait(list(pending), num_returns=1)
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                check_stop()  # a SIGTERM cancels the cells as Ctrl-C does (below)
+                if not ready:
+                    continue
+                (done,) = ready
                 cell, folder, log = pending.pop(done)
                 try:
                     out = ray.get(done)

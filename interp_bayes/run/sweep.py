@@ -30,6 +30,7 @@ from ..core.plugin import Kind, Params, PlanItem
 from ..core.registry import get_kind
 from ..core.prompts import package_data_dir
 from ..core.results import Row, write_rows
+from ..core.stop import check_stop
 from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
     environment, inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in, write_json)
 
@@ -162,9 +163,13 @@ class Context:
 
     def token_ids(self, prompts: Sequence) -> list[list[int]]:
         """Token ids of text prompts (the checkpoint's own tokenizer) or of id prompts as given."""
-        if prompts and isinstance(prompts[0], str):
-            return [self.tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
-        return [list(map(int, p)) for p in prompts]
+        if not (prompts and isinstance(prompts[0], str)):
+            return [list(map(int, p)) for p in prompts]
+        ids = []
+        for p in prompts:
+            check_stop()  # a tokenizer's finalisers would swallow a signal handler's exception (core.stop)
+            ids.append(self.tokenizer(p, add_special_tokens=True)["input_ids"])
+        return ids
 
     def acts_path(self, label: str, prompts: Sequence, *, layers, readings=("v",), label_tokens=None,
                   model_id: dict | None = None) -> Path:
@@ -254,12 +259,14 @@ class Run:
         return RunView.load(self.folder).rows()
 
     def table(self):
-        """The tidy rows as a pandas DataFrame (one row per number; scope keys as columns)."""
+        """The tidy rows as a pandas DataFrame (one row per number; scope keys as columns), as ``results.csv``."""
         import pandas as pd
 
         from ..core.results import records
+        from ..report.view import RunView
 
-        return pd.DataFrame(records(self.rows))
+        view = RunView.load(self.folder)
+        return pd.DataFrame(records(view.rows(), view.origins()))
 
     def summary(self) -> list:
         """The summary lines (label, value, verdict, paper key) of every finished probe."""
@@ -491,6 +498,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
             try:
                 eta = ETA(probes, folder)
                 for i, probe in enumerate(probes, start=1):
+                    check_stop()
                     pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
                     eta.start(i, probe, say)
                     # under the stage's lock, so that a second process on this cell waits and then finds it cached
@@ -631,6 +639,7 @@ def _views(folder: Path) -> None:
     from ..core.results import to_csv
 
     with stage_lock(folder, "views"):  # a concurrent process's rebuild cannot overwrite this one with older rows
-        atomic_write_text(folder / "results.csv", to_csv(RunView.load(folder).rows()))
+        view = RunView.load(folder)
+        atomic_write_text(folder / "results.csv", to_csv(view.rows(), view.origins()))
         build_report(folder)
 

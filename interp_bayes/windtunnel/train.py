@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..core.store import atomic_write_text
+from ..core.stop import check_stop
 from ..tasks.base import from_worker, sample_in_worker
 from .configs import (ARCHS, PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params,
                       n_positions)
@@ -171,6 +172,7 @@ def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Cal
     bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
     with contextlib.closing(batches(cfg, sample, draw)) as stream, (out / "metrics.jsonl").open("w") as log:
         for step in bar:
+            check_stop()
             if step in ckpts:
                 save_folder(model, cfg, task, out / "checkpoints" / f"step_{step:06d}", {"step": step})
             batch = next(stream)
