@@ -202,24 +202,68 @@ def _resolve(name: str) -> tuple[str, bool]:
     return name, False
 
 
-SAMPLE_BYTES = 2**20  # a file's identity reads at most its first and last MiB
+DIGESTS_FILE = "digests.json"  # under cache_dir(): whole-file digests of large weights, kept between processes
+DISK_MEMO_BYTES = 16 * 2**20  # files at least this large have their digest kept on disk (smaller ones hash in ms)
+RACY_SECONDS = 2.0  # a file modified this recently may change again within its mtime's tick: not memoised (git's rule)
+_DIGESTS: dict[str, list] = {}  # resolved path -> [size, mtime_ns, inode, sha256], this process's memo
+
+
+def _stat_key(path: Path) -> list:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _disk_memo() -> dict:
+    """The digests kept under ``cache_dir()`` (``DIGESTS_FILE``); {} when absent or unreadable."""
+    import json
+
+    try:
+        data = json.loads((cache_dir() / DIGESTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _keep_on_disk(key: str, entry: list) -> None:
+    """Add one digest to ``DIGESTS_FILE`` (read again first, so entries of other processes stay; entries of files
+    that are gone are dropped). A cache that cannot be written only costs a re-hash next time."""
+    from ..core.store import write_json
+
+    memo = {k: v for k, v in _disk_memo().items() if Path(k).exists()}
+    memo[key] = entry
+    try:
+        write_json(cache_dir() / DIGESTS_FILE, memo)
+    except OSError:
+        pass
 
 
 def _file_digest(path: Path) -> str:
-    """sha256 of a file's size and contents, reading only its first and last MiB when it is larger (weights of
-    a retrained model differ everywhere, so a sample tells them apart without reading gigabytes)."""
-    import hashlib
+    """sha256 of a file's whole contents, memoised by (resolved path, size, mtime_ns, inode): in this process, and
+    for files of ``DISK_MEMO_BYTES`` or more also on disk (``DIGESTS_FILE``), so a large model is read once.
 
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with path.open("rb") as f:
-        if size <= 2 * SAMPLE_BYTES:
-            h.update(f.read())
-        else:
-            h.update(f.read(SAMPLE_BYTES))
-            f.seek(size - SAMPLE_BYTES)
-            h.update(f.read(SAMPLE_BYTES))
-    return h.hexdigest()
+    Like git and make, the memo trusts (size, mtime_ns, inode): an edit that keeps the size and sets the mtime back
+    (``os.utime``) is not seen. Writing a file in place (``save_file``, ``save_pretrained``, ``open(..., "r+b")``)
+    or replacing it sets a new mtime (and a rename a new inode), so ordinary edits are. A file modified within
+    ``RACY_SECONDS`` is hashed again next time, since a second edit within one tick of a coarse clock keeps its
+    mtime."""
+    import time
+
+    from ..core.store import file_digest
+
+    key = str(path.resolve())
+    stat = _stat_key(path)
+    known = _DIGESTS.get(key)
+    if known is None and stat[0] >= DISK_MEMO_BYTES:
+        known = _disk_memo().get(key)
+    if isinstance(known, list) and known[:3] == stat:
+        _DIGESTS[key] = known
+        return known[3]
+    digest = file_digest(path)
+    if _stat_key(path) == stat and time.time() - stat[1] / 1e9 > RACY_SECONDS:  # unchanged while read, and settled
+        _DIGESTS[key] = [*stat, digest]
+        if stat[0] >= DISK_MEMO_BYTES:
+            _keep_on_disk(key, _DIGESTS[key])
+    return digest
 
 
 _HUB_COMMITS: dict[tuple[str, str], str] = {}  # (repo, revision) -> commit the Hub named, once per process
@@ -284,7 +328,7 @@ def _load_revision(source: str, local: bool, revision: str | None) -> str | None
 def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
     """What determines a model's numbers, however its name was spelled: a Hub id with the commit its revision
     resolves to (``hub_commit``: a moved ``main`` is a new model), or for a local folder (also an alias or a .gguf
-    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names, sizes and contents,
+    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names and whole contents,
     see ``_file_digest``). The folder's path is left out, so a copy elsewhere is the same model, and any changed
     file makes a new one. A Hub revision that cannot be resolved (offline, not in the HF cache) keeps its name with
     ``commit: None``: nothing can load under that identity (``load_model`` refuses), so no number is stored under
