@@ -55,6 +55,9 @@ def wide_model(tmp_path):
 
 
 def test_a_same_size_edit_in_the_middle_of_the_weights_is_a_new_model(wide_model, tmp_path, capsys):
+    def layer0(run):
+        return next(r.value for r in run.rows if r.metric == "key_orthogonality" and r.scope.get("layer") == 0)
+
     weights = wide_model / "model.safetensors"
     start, end = _tensor_span(weights, "model.layers.0.self_attn.k_proj.weight")
     size = weights.stat().st_size
@@ -62,6 +65,7 @@ def test_a_same_size_edit_in_the_middle_of_the_weights_is_a_new_model(wide_model
     config = SweepConfig(model=str(wide_model), out=str(tmp_path / "out"), probes=["keys"], layers=[0, 1])
     first = run_sweep(config)
     assert first.computed == ["keys"]
+    before = layer0(first)  # rows are read from the folder
     identity, folder = model_identity(wide_model), run_folder(config)
     assert run_sweep(config).computed == []  # unchanged: cached
 
@@ -73,10 +77,7 @@ def test_a_same_size_edit_in_the_middle_of_the_weights_is_a_new_model(wide_model
     second = run_sweep(config)
     assert second.computed == ["keys"] and "[cached]" not in capsys.readouterr().out
 
-    def layer0(run):
-        return next(r.value for r in run.rows if r.metric == "key_orthogonality" and r.scope.get("layer") == 0)
-
-    assert layer0(second) != layer0(first)
+    assert layer0(second) != before
 
 
 def _settled(path: Path) -> None:
@@ -124,3 +125,36 @@ def test_a_file_modified_just_now_is_not_memoised(tmp_path, monkeypatch):
     _settled(f)
     loading._file_digest(f)
     assert str(f.resolve()) in loading._DIGESTS
+
+
+def test_a_tunnel_retrained_in_place_is_computed_again(tiny_dirs, tmp_path, capsys):
+    """A recipe's ``tunnel:`` enters the stage key by content: new weights at the same path are a new stage (before,
+    the key held the path alone, and the old tunnel's numbers were served as ``[cached]``)."""
+    import yaml
+    from safetensors.torch import load_file, save_file
+
+    from interp_bayes.kinds.windtunnel import checkpoint_folder
+
+    tunnel = tmp_path / "tunnel"
+    shutil.copytree(checkpoint_folder("bijection-cpu"), tunnel, ignore=shutil.ignore_patterns("checkpoints"))
+    recipe = tmp_path / "mart.yaml"
+    recipe.write_text(yaml.safe_dump(dict(kind="martingale", tunnel=str(tunnel), per_k=3, ks=[2, 6], n_perms=2,
+                                          n_draws=2, n_null=3, n_boot=20)))
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), probes=[str(recipe)])
+
+    def gaps(run):
+        return [r.value for r in run.rows if r.metric == "martingale_gap_kl_bits"]
+
+    first = run_sweep(config)
+    before = gaps(first)  # rows are read from the folder: keep them before it changes
+    assert first.computed == ["mart"] and run_sweep(config).computed == []
+    weights = tunnel / "model.safetensors"
+    tensors = load_file(weights)
+    g = torch.Generator().manual_seed(1)
+    save_file({k: v + 0.5 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+               for k, v in tensors.items()}, weights, metadata={"format": "pt"})  # "retrained" into the same folder
+    capsys.readouterr()
+    second = run_sweep(config)
+    assert second.computed == ["mart"] and "[cached]" not in capsys.readouterr().out
+    assert second.folder == first.folder  # the sweep's model did not change: the same run, a new stage
+    assert gaps(second) != before

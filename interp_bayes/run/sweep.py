@@ -47,8 +47,12 @@ class Probe:
     default: bool = True  # ``default: false`` in a built-in recipe: run only when named (slow or specialised)
 
     def key(self) -> str:
-        """The stage's identity: what it computes, not what it is called."""
-        return content_key(self.kind.name, self.kind.version, self.params.to_dict(), __version__)
+        """The stage's identity: what it computes, not what it is called. A model folder the parameters name (a wind
+        tunnel) enters by its content (``model_identity``: whole-file digests, memoised), not its path."""
+        from ..model.loading import model_identity
+
+        named = {name: model_identity(folder) for name, folder in self.params.checkpoints().items()}
+        return content_key(self.kind.name, self.kind.version, self.params.to_dict(), named, __version__)
 
 
 def builtin_probes() -> list[str]:
@@ -79,7 +83,9 @@ def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = Non
     if not isinstance(default, bool):
         raise ConfigError(f"'default:' in {path} must be true or false, not {default!r}.")
     data = merge(data, (overrides or {}).get(name, {}))
-    return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref, default=default)
+    params = kind.params.from_dict(data)
+    params.checkpoints()  # a checkpoint that is not there, or not one this kind reads, is refused now
+    return Probe(name=name, kind=kind, params=params, kind_ref=ref, default=default)
 
 
 def run_folder(config: SweepConfig) -> Path:
