@@ -158,3 +158,33 @@ def test_a_tunnel_retrained_in_place_is_computed_again(tiny_dirs, tmp_path, caps
     assert second.computed == ["mart"] and "[cached]" not in capsys.readouterr().out
     assert second.folder == first.folder  # the sweep's model did not change: the same run, a new stage
     assert gaps(second) != before
+
+
+def test_model_json_is_a_record_not_a_source_of_depth_and_a_damaged_one_is_written_again(tiny_dirs, tmp_path,
+                                                                                        capsys):
+    """The depth that resolves ``-1`` / ``middle`` / ``spread5`` comes from the model's config (part of its identity),
+    not from the run folder's ``model.json``; an edited or truncated ``model.json`` is written again by the next sweep,
+    as the report's warning advises, even when every probe is cached."""
+    from interp_bayes.model.testing import write_toy_recipes
+    from interp_bayes.run.sweep import Context
+
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"),
+                         probes=write_toy_recipes(tmp_path / "recipes")[:1])  # keys: loads the weights
+    folder = run_sweep(config).folder
+    meta = folder / "model.json"
+    good = json.loads(meta.read_text())
+    assert good["n_layers"] == 2
+
+    meta.write_text(json.dumps(dict(good, n_layers=5)))  # edited: a deeper model than the folder holds
+    ctx = Context(folder, config, print)
+    assert ctx.n_layers() == 2 and ctx.layers("middle") == [1] and ctx.layers([-1]) == [1]
+    assert run_sweep(config).computed == []
+    assert json.loads(meta.read_text()) == good
+
+    meta.write_text(meta.read_text()[:40])  # truncated
+    capsys.readouterr()
+    assert run_sweep(config).computed == []
+    assert json.loads(meta.read_text()) == good and "write it again" in capsys.readouterr().out
+    from interp_bayes.report.view import RunView
+
+    assert RunView.load(folder).model["n_layers"] == 2 and "damaged" not in capsys.readouterr().err
