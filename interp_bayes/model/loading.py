@@ -631,6 +631,11 @@ def load_model(
     ``model_info(bridge)``. Hooks use TransformerLens names: ``blocks.{L}.attn.hook_v`` is
     ``[batch, pos, n_kv_heads, d_head]``.
 
+    Text gets the checkpoint's own BOS policy everywhere: ``bridge.to_tokens(text)``, ``to_str_tokens``,
+    ``run_with_cache(text)`` and ``generate(text)`` (TransformerLens's ``cfg.default_prepend_bos``, set from the
+    checkpoint's tokenizer) give the ids ``ib.collect`` and Hugging Face's tokenizer give; TransformerLens's own
+    default would prepend a BOS to every text (pass ``prepend_bos=True`` for that).
+
     A model bigger than one device loads with ``device_map`` ("auto", "balanced", "sequential" or a dict of module
     -> device, placed by accelerate; ``max_memory`` caps each device, e.g. ``{0: "70GiB", 1: "70GiB"}``, and
     modules mapped to "disk" go to ``offload_folder``). Each device's share is checked before anything loads, and
@@ -676,6 +681,9 @@ def load_model(
     # TransformerLens rebuilds the tokenizer with add_bos_token=True; text is tokenised with a fresh copy of the
     # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
     bridge._ib_tokenizer = _tokenizer(source, kw)
+    # and TransformerLens's own string paths (to_tokens, to_str_tokens, run_with_cache / generate on text) prepend
+    # BOS only where the checkpoint does: its default_prepend_bos (True otherwise) strips the BOS its tokenizer adds
+    bridge.cfg.default_prepend_bos = tokenizer_policy(bridge._ib_tokenizer)["adds_bos"]
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
                                 n_params=n_params, revision=asked, native=native,
                                 commit=None if local else revision)
