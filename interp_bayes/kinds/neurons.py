@@ -8,8 +8,8 @@ final-norm scale's correlation with entropy (raw and deconfounded), and optional
 side on the in-context task (docs/rivals.md).
 
 On SULA (``tunnel: null``, the default) the model is the sweep's; on a wind tunnel (``tunnel: <checkpoint>``) it is
-loaded here and every part runs on its query prefixes (``windtunnel_prompts``). A wind tunnel is trained and scored over its
-hypothesis tokens alone (its other outputs are untrained), so they are the readout: the null space is that of their
+loaded here and every part runs on its query prefixes (``windtunnel_prompts``). A wind tunnel is trained and scored
+over its hypothesis tokens alone (its other outputs are untrained), so they are the readout: the null space is that of their
 unembedding columns, the ablations also report the change of the entropy over them at the query, the scale is
 correlated with that entropy and with the exact Bayes entropy (not with the full vocabulary's), no token-frequency
 neurons are sought, and the covariates include one indicator per query position by default."""
