@@ -335,7 +335,7 @@ def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
 
 
 def test_windtunnel_probe_on_the_packaged_bijection_model(tiny_dirs, tmp_path):
-    probes = write_probes(tmp_path / "p", {"wt.yaml": dict(kind="windtunnel", checkpoint="bijection-cpu",
+    probes = write_probes(tmp_path / "p", {"wt.yaml": dict(kind="windtunnel", tunnel="bijection-cpu",
                                                            n_sequences=6, controls=dict(isotropic=2, matched=2, pcs=1),
                                                            n_boot=20, n_null=10)})
     run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path), quiet=True, probes=probes))
@@ -355,11 +355,11 @@ def test_rival_probes_on_the_wind_tunnels(tiny_dirs, tmp_path):
     sweep's model is never loaded), reads the hypotheses, resolves layers against the tunnel's depth, and reports
     what the query position alone determines (the bijection's exact entropy) as inseparable / NaN with the reason."""
     probes = write_probes(tmp_path / "p", {
-        "neurons_wt.yaml": dict(kind="entropy_neurons", task="bijection-cpu", n_sequences=4, top_n=2, n_random=2,
+        "neurons_wt.yaml": dict(kind="entropy_neurons", tunnel="bijection-cpu", n_sequences=4, top_n=2, n_random=2,
                                 n_boot=20, n_random_directions=10, n_perm=100),  # two-sided p reaches < 0.05
-        "dec_wt.yaml": dict(kind="decoding", task="bijection-cpu", layers="all", readings=["resid", "v"],
+        "dec_wt.yaml": dict(kind="decoding", tunnel="bijection-cpu", layers="all", readings=["resid", "v"],
                             n_sequences=4, folds=4, n_null=2, n_boot=20),  # folds of whole sequences: at most 4
-        "dec_hmm.yaml": dict(kind="decoding", task="hmm-cpu", layers="all", readings=["v"], n_sequences=4, folds=4,
+        "dec_hmm.yaml": dict(kind="decoding", tunnel="hmm-cpu", layers="all", readings=["v"], n_sequences=4, folds=4,
                              n_null=2, n_boot=20)})
     run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), quiet=True,
                                 probes=probes))
@@ -408,7 +408,7 @@ def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
         "neurons.yaml": dict(kind="entropy_neurons", n_prompts=12, top_n=2, n_random=2, n_boot=20,
                              n_random_directions=10, per_k=3, n_perm=20),
         "mart.yaml": dict(kind="martingale", per_k=3, ks=[1, 2], n_perms=2, n_draws=2, n_null=3, n_boot=20),
-        "mart_wt.yaml": dict(kind="martingale", task="bijection-cpu", per_k=3, ks=[2, 6], n_perms=2, n_draws=2,
+        "mart_wt.yaml": dict(kind="martingale", tunnel="bijection-cpu", per_k=3, ks=[2, 6], n_perms=2, n_draws=2,
                              n_null=3, n_boot=20),
         "dec.yaml": dict(kind="decoding", layers=[1], readings=["resid", "v"], per_k=3, n_null=2, n_boot=20)})
     run = run_sweep(SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic",

@@ -3,6 +3,7 @@
 import functools
 import math
 
+import pytest
 import torch
 
 from conftest import load_hf
@@ -167,6 +168,36 @@ def test_text_is_tokenised_with_the_checkpoints_own_bos_policy(tiny):
     assert acts.meta["tokenizer"]["adds_bos"] is False and acts.meta["bos_prepended"] == [False]
 
 
+@pytest.mark.parametrize("adds_bos", [False, True])
+def test_transformer_lens_string_paths_follow_the_checkpoints_bos_policy(tiny_dirs, tmp_path, adds_bos):
+    """A TransformerLens user's first calls (to_tokens, to_str_tokens, run_with_cache and generate on text) give the
+    ids collect and HF's tokenizer give, for a tokenizer without BOS and for one that adds it (once)."""
+    import shutil
+
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_dirs["llama3"], folder)
+    if adds_bos:
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok._tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, tok.bos_token_id)])
+        tok.save_pretrained(folder)
+    bridge = load_model(folder)
+    text = PROMPTS[0]
+    ids = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+    assert (ids[0] == bridge.tokenizer.bos_token_id) is adds_bos and ids.count(bridge.tokenizer.bos_token_id) <= 1
+    assert bridge.to_tokens(text)[0].tolist() == ids == collect(bridge, [text], progress=False).token_ids[0]
+    assert len(bridge.to_str_tokens(text)) == len(ids)
+    logits, cache = bridge.run_with_cache(text)
+    by_ids, _ = bridge.run_with_cache(torch.tensor([ids]))
+    assert torch.equal(logits, by_ids) and cache["blocks.0.attn.hook_v"].shape[1] == len(ids)
+    out = bridge.generate(text, max_new_tokens=2, do_sample=False, verbose=False, return_type="tokens")
+    assert out[0, :len(ids)].tolist() == ids
+    assert bridge.to_tokens(text, prepend_bos=not adds_bos)[0].tolist() != ids  # TL's explicit override still works
+
+
 def test_smollm2_token_ids_and_logits_equal_hugging_face(smollm2, smollm2_f64):
     from interp_bayes.model.loading import model_info
 
@@ -174,6 +205,7 @@ def test_smollm2_token_ids_and_logits_equal_hugging_face(smollm2, smollm2_f64):
     ids, logits = _hf_reference(model_info(smollm2).source, text, smollm2)
     acts = collect(smollm2, [text], keep_logprobs=True, progress=False)
     assert acts.token_ids[0] == ids and ids[0] != 1  # SmolLM2 under transformers 5 adds no <|im_start|>
+    assert smollm2.to_tokens(text)[0].tolist() == ids  # nor does TransformerLens's to_tokens on a load_model bridge
     # Claim (b): blocks 0-28 run HF's own layers on the same [1, T] inputs in both (test_smollm2.py checks that
     # forward bit for bit), but collect runs the last block's output projection and MLP and the unembedding on the
     # final position alone ([1, 1]: gemv) where HF runs all T positions (gemm), and the 49,152 logits then differ,

@@ -223,7 +223,7 @@ def test_kind_runs_on_the_kalman_tunnel(tmp_path):
     from interp_bayes.run.sweep import run_sweep
 
     recipe = tmp_path / "g.yaml"
-    recipe.write_text("kind: gaussian\ntask: kalman-cpu\nlayers: [-1]\nn_sequences: 8\nn_null: 20\n"
+    recipe.write_text("kind: gaussian\ntunnel: kalman-cpu\nlayers: [-1]\nn_sequences: 8\nn_null: 20\n"
                       "n_boot: 50\nn_null_geometry: 2\nd_max: 3\n")
     run = run_sweep(SweepConfig(out=str(tmp_path / "runs"), quiet=True, probes=[str(recipe)], threads=1))
     rows = run.rows

@@ -111,7 +111,7 @@ def test_kinds_contribute_claims_from_planted_rows(tmp_path):
     assert [(c.key, c.verdict) for c in icl] == [("calibration", "holds")] and "0.614" in icl[0].evidence
     mart = get_kind("martingale").ledger([_probe("martingale", [
         Row("order_sensitivity_js_bits", v, scope=dict(k=k), low=v, high=v, null_low=0.0, null_high=1e-4)
-        for k, v in ((2, 0.04), (4, 0.08), (8, 0.06))], params=dict(task="bijection-cpu"), tmp_path=tmp_path)])
+        for k, v in ((2, 0.04), (4, 0.08), (8, 0.06))], params=dict(tunnel="bijection-cpu"), tmp_path=tmp_path)])
     assert [(c.key, c.verdict, c.subject, c.rival) for c in mart] == [("order", "does not hold", "bijection-cpu",
                                                                        True)]
 
@@ -152,7 +152,7 @@ def test_collect_orders_claims_model_first(tmp_path):
             return [p for p in self._p if kind is None or p.kind == kind]
 
     mart = _probe("martingale", [Row("order_sensitivity_js_bits", 0.04, scope=dict(k=2), null_low=0.0,
-                                     null_high=1e-4)], params=dict(task="bijection-cpu"), tmp_path=tmp_path)
+                                     null_high=1e-4)], params=dict(tunnel="bijection-cpu"), tmp_path=tmp_path)
     keys = _probe("keys", [Row("key_orthogonality_heads", 0.03, low=0.03, high=0.04, null_low=0.032,
                                null_high=0.034)], tmp_path=tmp_path)
     claims = views.collect(Run([mart, keys]))

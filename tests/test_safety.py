@@ -258,6 +258,25 @@ def _bad_inputs(model: Path, d: Path) -> dict:
                                           "interventions_onmanifold.ops=[cut, resample2]"]),
         "gaussian null outside its choices": ({}, [*sweep, "--probes", "gaussian", "--set",
                                                     "gaussian.geometry_null=flat"]),
+        # a recipe's tunnel: is checked when the recipe is read (issue 35)
+        "tunnel names no checkpoint": ({"r.yaml": "kind: martingale\ntunnel: no-such-tunnel\n"},
+                                       [*sweep, "--probes", d / "r.yaml"]),
+        "tunnel is a folder without a wind tunnel": ({"r.yaml": f"kind: decoding\ntunnel: {model}\n"},
+                                                     [*sweep, "--probes", d / "r.yaml"]),
+        "tunnel of another task family": ({"r.yaml": "kind: martingale\ntunnel: hmm-cpu\n"},
+                                          [*sweep, "--probes", d / "r.yaml"]),
+        "gaussian tunnel not a kalman one": ({"r.yaml": "kind: gaussian\ntunnel: bijection-cpu\n"},
+                                             [*sweep, "--probes", d / "r.yaml"]),
+        "windtunnel kind on a tunnel without attention": ({"r.yaml": "kind: windtunnel\ntunnel: hmm-cpu-mlp\n"},
+                                                          [*sweep, "--probes", d / "r.yaml"]),
+        "--set tunnel of another task family": ({}, [*sweep, "--probes", "decoding_windtunnel", "--set",
+                                                      "decoding_windtunnel.tunnel=kalman-cpu"]),
+        "--dry-run tunnel names no checkpoint": ({}, [*sweep, "--probes", "windtunnel", "--set",
+                                                       "windtunnel.tunnel=nope", "--dry-run"]),
+        "the old task: for a tunnel": ({"r.yaml": "kind: decoding\ntask: bijection-cpu\n"},
+                                       [*sweep, "--probes", d / "r.yaml"]),
+        "the old checkpoint: for a tunnel": ({"r.yaml": "kind: windtunnel\ncheckpoint: bijection-cpu\n"},
+                                             [*sweep, "--probes", d / "r.yaml"]),
     }
 
 

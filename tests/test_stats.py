@@ -250,7 +250,7 @@ SWEEP_PROBES = {  # every kind with a null interval beside a p-value, and the in
     "axis.yaml": dict(kind="axis", per_k=6, layers=[1], folds=3, n_perm=200),
     "interventions.yaml": dict(kind="interventions", per_k=6, layers=[1], layer_sets=[[1]], ops=["cut", "shift+"],
                                controls={"isotropic": 10, "matched": 10, "pcs": 1}, n_perm=200),
-    "windtunnel.yaml": dict(kind="windtunnel", checkpoint="bijection-cpu", n_sequences=8, n_boot=30, n_null=10,
+    "windtunnel.yaml": dict(kind="windtunnel", tunnel="bijection-cpu", n_sequences=8, n_boot=30, n_null=10,
                             n_perm=200, ops=["cut"], controls={"isotropic": 10, "matched": 10, "pcs": 1}),
 }
 

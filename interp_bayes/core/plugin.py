@@ -57,6 +57,12 @@ class Params:
             out[f.name] = value
         return out
 
+    def checkpoints(self) -> dict:
+        """The model folders these parameters name (parameter -> folder, e.g. a wind tunnel's ``tunnel:``), each
+        checked when the recipe is read (ConfigError naming the fix). Their content, not their path, enters the
+        stage's key, so a checkpoint retrained in place is computed again. The default names none."""
+        return {}
+
     def check_layers(self, ctx, probe: str) -> None:
         """Refuse, before the sweep writes anything, layers this recipe analyses but does not collect (ConfigError
         naming ``probe``). A kind with a parameter naming an analysed layer overrides it; the default checks

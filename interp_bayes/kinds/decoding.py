@@ -3,7 +3,7 @@ ridge decoder of the model's entropy and of the exact Bayes entropy from the res
 attention output at each layer, raw and deconfounded (on position, length and k), beside the PC1 axis's held-out
 correlation at the same layer: how much of the decodable uncertainty one direction captures (docs/rivals.md).
 
-On SULA (``task: sula``) with the sweep's model; on a wind tunnel (``task: <checkpoint>``) with that checkpoint on
+On SULA with the sweep's model (``tunnel: null``, the default); on a wind tunnel (``tunnel: <checkpoint>``) with it on
 its query prefixes (``windtunnel_prompts``), the layers resolved against its own depth, the entropy over its
 hypotheses, the exact posterior's entropy as the Bayes target, folds and bootstraps of whole sequences (a sequence's
 prefixes are not independent), and one indicator per query position among the covariates (the bijection's exact
@@ -19,13 +19,14 @@ import numpy as np
 
 from ..core.results import Row, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Figure, Kind, Line, Result
 from .common import recipe_nuisances, sula, sula_groups
+from .windtunnel import TunnelParams
 
 
 @dataclass(frozen=True)
-class DecodingParams(Params):
-    task: str = "sula"  # "sula" (the sweep's model), or a wind-tunnel checkpoint (packaged name or folder)
+class DecodingParams(TunnelParams):
+    tunnel: str | None = None  # a wind tunnel (packaged name or trained folder); None: the sweep's model on SULA
     layers: tuple[int, ...] | str = "spread5"  # layers decoded from
     readings: tuple[Literal["resid", "v", "z", "attn_entropy"], ...] = ("resid", "v", "z")
     per_k: int = 50  # SULA: prompts per k
@@ -43,7 +44,7 @@ TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))
 def run(ctx, p: DecodingParams) -> Result:
     from ..analyses.decoding import decoding_curve
 
-    if p.task == "sula":
+    if p.tunnel is None:
         layers = ctx.layers(p.layers)
         acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
         readings = ctx.activations("sula-main-readings", cols["text"], layers=layers, readings=p.readings,
@@ -51,7 +52,7 @@ def run(ctx, p: DecodingParams) -> Result:
     else:
         from .windtunnel import windtunnel_set
 
-        wt = windtunnel_set(ctx, p.task, p.n_sequences, p.seed, layers=p.layers, readings=p.readings)
+        wt = windtunnel_set(ctx, p.tunnel, p.n_sequences, p.seed, layers=p.layers, readings=p.readings)
         readings, cols, layers = wt.acts, wt.cols, wt.layers
     cov, _ = recipe_nuisances(p, [len(t) for t in readings.token_ids], cols["k"])
     rows = []
@@ -65,7 +66,7 @@ def run(ctx, p: DecodingParams) -> Result:
 
 def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     out = []
-    where = "" if p.task == "sula" else f"{Path(p.task).name}: "
+    where = "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
     for target, _ in TARGETS:
         for adjust in ("raw", "deconfounded"):
             every = select(rows, "decoding_r2", target=target, adjust=adjust)
@@ -133,13 +134,13 @@ def plan(ctx, p: DecodingParams) -> list:
     from ..core.plugin import PlanItem
     from .common import plan_sula, sula_request
 
-    if p.task != "sula":
+    if p.tunnel is not None:
         from .windtunnel import task_of, checkpoint_folder, windtunnel_prompts
 
-        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.task)), p.n_sequences, p.seed)
-        return [PlanItem("decoding", f"wind tunnel {p.task}: {len(prompts)} prefixes, readings "
+        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.tunnel)), p.n_sequences, p.seed)
+        return [PlanItem("decoding", f"wind tunnel {p.tunnel}: {len(prompts)} prefixes, readings "
                          f"{', '.join(p.readings)} at every layer (a small model: seconds)", None, len(prompts),
-                         model=Path(p.task).name)]
+                         model=Path(p.tunnel).name)]
     req = sula_request(ctx, "main", p.per_k, p.seed, p.layers)
     return plan_sula(ctx, "decoding", ["main"], p.per_k, p.seed, p.layers) + [
         ctx.plan_acts("decoding", "sula-main-readings", req["prompts"], layers=ctx.layers(p.layers),
@@ -148,7 +149,7 @@ def plan(ctx, p: DecodingParams) -> list:
 
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.task == "sula" else Path(p.task).name
+    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 DECODABLE_R2 = 0.1  # a held-out R² that clears its null but stays under this is decodable only weakly

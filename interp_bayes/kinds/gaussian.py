@@ -1,30 +1,32 @@
-"""Beliefs about a Gaussian (Sarfati et al. 2026, docs/gaussian.md). On the Gaussian in-context task (``task:
-gaussian``, the sweep's model; ``tasks.gaussian``): the calibration of the model's next-number distribution against
+"""Beliefs about a Gaussian (Sarfati et al. 2026, docs/gaussian.md). On the Gaussian in-context task (the sweep's
+model, ``tunnel: null``; ``tasks.gaussian``): the calibration of the model's next-number distribution against
 the exact Student-t predictive (KL, predictive mean and sd), where the exact posterior mean and spread are
 decodable from the residual stream per layer (folds of whole sequences), and the geometry of the final-token
 states: PCA dimension against Isomap's, beside a null of flat Gaussian clouds matched to the states' mean and
 covariance per n (so clusters by n alone are not read as curvature; ``geometry_null: matched`` matches the whole
 cloud instead). On the
-Kalman tunnel (``task: <kalman checkpoint>``) the same three on its exact Gaussian beliefs N(m_t, P_t)
+Kalman tunnel (``tunnel: <kalman checkpoint>``) the same three on its exact Gaussian beliefs N(m_t, P_t)
 (``windtunnel.kalman.kalman_readings``; a one-dimensional state)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Figure, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, select
+from .windtunnel import TunnelParams
 
 
 @dataclass(frozen=True)
-class GaussianParams(Params):
-    task: str = "gaussian"  # "gaussian" (the sweep's model), or a Kalman wind-tunnel checkpoint (name or folder)
+class GaussianParams(TunnelParams):
+    tunnel_tasks: ClassVar[tuple[str, ...]] = ("kalman",)
+    tunnel: str | None = None  # a Kalman wind tunnel (name or folder); None: the sweep's model on the Gaussian task
     layers: tuple[int, ...] | str = "spread5"  # layers read (the residual stream after each block)
     n_sequences: int = 60  # sequences (Gaussian task: one prompt per prefix length in ns; Kalman: every step)
     ns: tuple[int, ...] = (1, 2, 3, 5, 8, 12, 16, 24)  # Gaussian task: prefix lengths (numbers shown)
@@ -39,12 +41,23 @@ class GaussianParams(Params):
     # tunnel) with that stratum's mean and covariance, so clusters by n alone are not read as curvature
     geometry_null: Literal["matched", "matched_per_n"] = "matched_per_n"
 
+    def checkpoints(self) -> dict:
+        """A Kalman tunnel of a one-dimensional state (the beliefs this kind reads), refused otherwise."""
+        from .windtunnel import tunnel_config
+
+        folders = super().checkpoints()
+        # KalmanTask's state_dim defaults to 2: a config that names none is not one-dimensional
+        if folders and tunnel_config(folders["tunnel"]).get("task_kwargs", {}).get("state_dim") != 1:
+            raise ConfigError(f"The gaussian kind reads one-dimensional Gaussian beliefs; {self.tunnel} is a Kalman "
+                              "tunnel of a larger state; name kalman-cpu (or a folder trained with state_dim 1).")
+        return folders
+
 
 def _task_data(ctx, p: GaussianParams) -> dict:
     """Readings per layer [N, d_model], groups, strata (n or step), the belief targets, and the calibration."""
     from ..analyses.gaussian import normal_calibration, predictive_calibration
 
-    if p.task == "gaussian":
+    if p.tunnel is None:
         from ..tasks.gaussian import GaussianTask, number_token_ids
 
         task = GaussianTask(ns=tuple(p.ns))
@@ -67,10 +80,7 @@ def _task_data(ctx, p: GaussianParams) -> dict:
     from ..windtunnel.kalman import kalman_readings
     from .windtunnel import load_windtunnel_task
 
-    bridge, task = load_windtunnel_task(p.task)
-    if getattr(task, "name", "") != "kalman" or task.state_dim != 1:
-        raise ConfigError(f"The gaussian kind reads one-dimensional Gaussian beliefs; {p.task} is not a Kalman "
-                          "checkpoint with state_dim 1 (use task: gaussian, or kalman-cpu).")
+    bridge, task = load_windtunnel_task(p.tunnel)
     layers = resolve_layers(p.layers, bridge.cfg.n_layers, "all")
     acts, cols = kalman_readings(bridge, task, p.n_sequences, seed=p.seed, layers=layers, readings=("resid",))
     groups, strata = cols["sequence"], cols["k"]
@@ -128,12 +138,12 @@ def run(ctx, p: GaussianParams) -> Result:
                             null=f"{geo['null_kind']} ({p.n_null_geometry} clouds)", n=geo["n"],
                             note=f"d = {geo['d']}; kNN graph in {geo['graph_components']} piece(s)"
                             if name in ("rv_pca", "rv_isomap", "curvature_gap") else None))
-    return Result(rows, dict(task=p.task, geometry=geometry, **data["extra"]))
+    return Result(rows, dict(task=p.tunnel or "gaussian", geometry=geometry, **data["extra"]))
 
 
 def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
     out = []
-    where = "" if p.task == "gaussian" else f"{Path(p.task).name}: "
+    where = "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
     kl = next(iter(select(rows, "gaussian_kl_bits", k="all")), None)
     if kl is not None:
         out.append(Line(f"{where}KL(exact predictive || model), bits", f"{kl.value:.3f} [{kl.low:.3f}, {kl.high:.3f}]"
@@ -201,10 +211,10 @@ def plan(ctx, p: GaussianParams) -> list:
     ridge decoders and Isomap (arithmetic)."""
     from ..core.plugin import PlanItem
 
-    if p.task != "gaussian":
-        return [PlanItem("gaussian", f"Kalman tunnel {p.task}: {p.n_sequences} sequences, residual stream at every "
+    if p.tunnel is not None:
+        return [PlanItem("gaussian", f"Kalman tunnel {p.tunnel}: {p.n_sequences} sequences, residual stream at every "
                          "step (seconds), then the Isomap nulls (minutes)", None, p.n_sequences,
-                         model=Path(p.task).name)]
+                         model=Path(p.tunnel).name)]
     from ..tasks.gaussian import GaussianTask, number_token_ids
 
     cols = GaussianTask(ns=tuple(p.ns)).generate(p.n_sequences, seed=p.seed)
@@ -214,7 +224,7 @@ def plan(ctx, p: GaussianParams) -> list:
 
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.task == "gaussian" else Path(p.task).name
+    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 def ledger(probes) -> list:

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 from ..core.results import Row, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Figure, Kind, Line, Result
 from .common import sula_task
+from .windtunnel import TunnelParams
 
 
 @dataclass(frozen=True)
-class MartingaleParams(Params):
-    task: str = "sula"  # "sula", or a bijection wind-tunnel checkpoint (packaged name or folder)
+class MartingaleParams(TunnelParams):
+    tunnel_tasks: ClassVar[tuple[str, ...]] = ("bijection",)
+    tunnel: str | None = None  # a bijection wind tunnel (name or trained folder); None: the sweep's model on SULA
     per_k: int = 20  # contexts per k
     ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: any; those beyond 0, 1, 2, 4, 8 drawn after them)
     n_perms: int = 6  # orders of each context
@@ -34,7 +37,7 @@ class MartingaleParams(Params):
 def run(ctx, p: MartingaleParams) -> Result:
     from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
 
-    if p.task == "sula":
+    if p.tunnel is None:
         task, ids = sula_task(ctx, p.per_k)
         # extra ks are generated after the task's own, so the prompts of those (the default recipe's) do not change
         task = replace(task, ks=task.ks + tuple(sorted(set(p.ks) - set(task.ks))))
@@ -42,7 +45,7 @@ def run(ctx, p: MartingaleParams) -> Result:
     else:
         from .windtunnel import load_windtunnel_task
 
-        model, task = load_windtunnel_task(p.task)
+        model, task = load_windtunnel_task(p.tunnel)
         setup, contexts = bijection_setup(task), bijection_contexts(task, list(p.ks), p.per_k, seed=p.seed)
     report = martingale_test(model, setup, contexts, n_perms=p.n_perms, n_draws=p.n_draws, n_null=p.n_null,
                              n_boot=p.n_boot, seed=p.seed, batch_size=ctx.config.batch_size, n_orders=p.orderings,
@@ -64,7 +67,7 @@ def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
             text = "; ".join(f"k={r.scope['k']}: {r.value:.4f} [{r.low:.4f}, {r.high:.4f}] vs {against} "
                              f"[{r.null_low:.4f}, {r.null_high:.4f}]" for r in rs)
             above = [r for r in rs if r.verdict() == "above null"]
-            out.append(Line(f"{Path(p.task).name}: {label}", text, f"above its null at {len(above)} of {len(rs)} k"))
+            out.append(Line(f"{subject(p) or 'sula'}: {label}", text, f"above its null at {len(above)} of {len(rs)} k"))
     return out
 
 
@@ -141,14 +144,14 @@ def plan(ctx, p: MartingaleParams) -> list:
 
     n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
     n += p.per_k * len(p.ks) * p.orderings * (1 + 4 * p.n_draws)  # averaged: each predicted context in m orders
-    on = "" if p.task == "sula" else Path(p.task).name
-    return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({p.task}): {p.n_perms} orders and {p.n_draws} "
-                     "draws each", False, n, model=on)]
+    on = subject(p)
+    return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({on or 'sula'}): {p.n_perms} orders and "
+                     f"{p.n_draws} draws each", False, n, model=on)]
 
 
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.task == "sula" else Path(p.task).name
+    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 def ledger(probes) -> list:

@@ -7,9 +7,9 @@ token-frequency neurons, the value axis's overlap with the null space against ra
 final-norm scale's correlation with entropy (raw and deconfounded), and optionally the two mechanisms ablated side by
 side on the in-context task (docs/rivals.md).
 
-On SULA (``task: sula``) the model is the sweep's; on a wind tunnel (``task: <checkpoint>``) the checkpoint is loaded
-here and every part runs on its query prefixes (``windtunnel_prompts``). A wind tunnel is trained and scored over its
-hypothesis tokens alone (its other outputs are untrained), so they are the readout: the null space is that of their
+On SULA (``tunnel: null``, the default) the model is the sweep's; on a wind tunnel (``tunnel: <checkpoint>``) it is
+loaded here and every part runs on its query prefixes (``windtunnel_prompts``). A wind tunnel is trained and scored
+over its hypothesis tokens alone (its other outputs are untrained), so they are the readout: the null space is that of their
 unembedding columns, the ablations also report the change of the entropy over them at the query, the scale is
 correlated with that entropy and with the exact Bayes entropy (not with the full vocabulary's), no token-frequency
 neurons are sought, and the covariates include one indicator per query position by default."""
@@ -20,19 +20,22 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Figure, Kind, Line, Result
 from .common import SULA_LAYERS, deconfounded_text, pool, recipe_nuisances, sula, sula_task
+from .windtunnel import TunnelParams
 
 
 @dataclass(frozen=True)
-class EntropyNeuronsParams(Params):
-    task: str = "sula"  # "sula" (the sweep's model), or a wind-tunnel checkpoint (packaged name or folder)
+class EntropyNeuronsParams(TunnelParams):
+    tunnel_archs: ClassVar[tuple[str, ...] | None] = ("transformer",)  # its value vectors
+    tunnel: str | None = None  # a wind tunnel (packaged name or trained folder); None: the sweep's model on SULA
     prompts: str | dict | None = None  # SULA: prompts the neurons are ablated on (None: the sweep's pool)
     n_prompts: int = 96  # SULA: a seeded sample of them
     n_sequences: int = 40  # wind tunnel: sequences whose query prefixes are the prompts of every part
@@ -56,18 +59,18 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
     the ablations' label entropy are over; None: the whole vocabulary), ``texts`` (the pool, for token frequency;
     None on a wind tunnel), ``bayes`` (targets of the scale correlation beside the model's own: a wind tunnel's exact
     entropy), ``reported`` (the scale correlation's targets reported) and ``name`` (the prompt set, a row scope)."""
-    if p.task != "sula":
+    if p.tunnel is not None:
         from .windtunnel import windtunnel_set
 
         if p.prompts is not None:
-            raise ConfigError("Parameter 'prompts' applies to task: sula; on a wind tunnel every part runs on its "
-                              "query prefixes (set n_sequences).")
-        wt = windtunnel_set(ctx, p.task, p.n_sequences, p.seed, layers=[-1])
+            raise ConfigError("Parameter 'prompts' applies to the sweep's model (no tunnel:); on a wind tunnel every "
+                              "part runs on its query prefixes (set n_sequences).")
+        wt = windtunnel_set(ctx, p.tunnel, p.n_sequences, p.seed, layers=[-1])
         hyp = wt.task.hypothesis_ids
         # trained over its hypotheses alone, a wind tunnel's full-vocabulary entropy is not its output: not reported
         return SimpleNamespace(model=wt.model, ablate=wt.prompts, acts=wt.acts, cols=wt.cols, prompts=wt.prompts,
                                labels=hyp, readout=hyp, texts=None, bayes=dict(bayes_entropy=wt.cols["bayes_entropy"]),
-                               reported=("label_entropy", "bayes_entropy"), name=Path(p.task).name)
+                               reported=("label_entropy", "bayes_entropy"), name=Path(p.tunnel).name)
     _, ds = pool(ctx, p.prompts)
     texts = list(ds["text"])
     chosen = sorted(np.random.default_rng(p.seed).choice(len(texts), min(p.n_prompts, len(texts)), replace=False))
@@ -129,9 +132,9 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
 
 def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
     out = []
-    name = Path(p.task).name  # a checkpoint's folder name
-    shown = "SULA" if p.task == "sula" else name
-    where = "" if p.task == "sula" else f"{name}: "  # the pool's lines keep their old labels
+    name = subject(p) or "sula"  # the prompt set's scope: a checkpoint's folder name, or sula
+    shown = "SULA" if p.tunnel is None else name
+    where = "" if p.tunnel is None else f"{name}: "  # the pool's lines keep their old labels
     top = sorted(select(rows, "neuron_rho"), key=lambda r: r.scope["rank"])
     if top:
         chance = find(rows, "null_space_chance_rho")
@@ -217,14 +220,14 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
     from ..core.plugin import PlanItem
     from .common import plan_sula
 
-    if p.task != "sula":
+    if p.tunnel is not None:
         from .windtunnel import task_of, checkpoint_folder, windtunnel_prompts
 
-        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.task)), p.n_sequences, p.seed)
+        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.tunnel)), p.n_sequences, p.seed)
         n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
                                                                if p.compare else 0)
-        return [PlanItem("entropy_neurons", f"wind tunnel {p.task}: ablations on {len(prompts)} prefixes (a small "
-                         "model: seconds)", None, n, model=Path(p.task).name)]
+        return [PlanItem("entropy_neurons", f"wind tunnel {p.tunnel}: ablations on {len(prompts)} prefixes (a small "
+                         "model: seconds)", None, n, model=Path(p.tunnel).name)]
     from ..core.prompts import load_source, source_label
 
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
@@ -244,7 +247,7 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
 
 def subject(p) -> str:
     """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.task == "sula" else Path(p.task).name
+    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 def ledger(probes) -> list:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -21,9 +21,69 @@ from .interventions import ProtocolPrompts, effects_figure, per_k_figure, protoc
 WINDTUNNELS_DIR = Path(__file__).resolve().parent.parent / "windtunnel" / "checkpoints"
 
 
+DISCRETE_TASKS = ("bijection", "hmm", "recall")  # tasks whose exact posterior is over hypothesis tokens
+
+
+def checkpoint_folder(name: str) -> Path:
+    """The folder of a packaged wind tunnel's name, else ``name`` as a folder."""
+    return WINDTUNNELS_DIR / name if (WINDTUNNELS_DIR / name).is_dir() else Path(name)
+
+
+def tunnel_config(folder: Path) -> dict | None:
+    """The training config a wind-tunnel folder was saved with (its windtunnel.json), None when it holds none."""
+    from ..core.errors import CacheError
+    from ..core.store import read_json
+
+    try:
+        config = read_json(folder / "windtunnel.json")["config"]
+    except (OSError, CacheError, KeyError, TypeError):
+        return None
+    return config if isinstance(config, dict) and isinstance(config.get("task"), str) else None
+
+
+def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str, ...] | None = None) -> Path:
+    """The folder of the wind tunnel ``name`` (a packaged checkpoint's name or a trained folder), refused
+    (ConfigError listing the packaged ones that fit) when it holds no wind tunnel, or one of a task this kind does not
+    read, or (``archs``) of an architecture without the hooks it reads."""
+    from ..core.errors import ConfigError
+
+    def fits(config: dict | None) -> bool:
+        return config is not None and config["task"] in tasks and (archs is None or config.get("arch") in archs)
+
+    folder = checkpoint_folder(name)
+    config = tunnel_config(folder)
+    fit = ", ".join(d.name for d in sorted(WINDTUNNELS_DIR.iterdir()) if fits(tunnel_config(d)))
+    what = " or ".join(tasks) + (f" {'/'.join(archs)}" if archs else "")
+    if config is None:
+        raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, which is no wind-tunnel "
+                          f"checkpoint (no windtunnel.json there); name a packaged one ({fit}) or a folder written "
+                          "by `interp-bayes train`.")
+    if not fits(config):
+        raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, a {config['task']} "
+                          f"{config.get('arch', '')} wind tunnel, but this kind reads {what} tunnels; name one of "
+                          f"{fit} (or a trained folder of that kind).")
+    return folder
+
+
 @dataclass(frozen=True)
-class WindtunnelParams(Params):
-    checkpoint: str = "bijection-cpu"  # a packaged checkpoint's name or a trained folder
+class TunnelParams(Params):
+    """Parameters of a kind that runs on a wind tunnel named by ``tunnel:`` (None: on the sweep's model, where the
+    kind allows it); ``tunnel_tasks`` are the tasks whose checkpoints it reads, ``tunnel_archs`` the architectures
+    with the hooks it reads (None: any)."""
+
+    tunnel_tasks: ClassVar[tuple[str, ...]] = DISCRETE_TASKS
+    tunnel_archs: ClassVar[tuple[str, ...] | None] = None
+
+    def checkpoints(self) -> dict:
+        tunnel = getattr(self, "tunnel", None)
+        return {} if tunnel is None else {"tunnel": tunnel_folder(tunnel, self.kind, self.tunnel_tasks,
+                                                                  self.tunnel_archs)}
+
+
+@dataclass(frozen=True)
+class WindtunnelParams(TunnelParams):
+    tunnel_archs: ClassVar[tuple[str, ...] | None] = ("transformer",)  # values and attention patterns
+    tunnel: str = "bijection-cpu"  # a packaged checkpoint's name or a trained folder
     n_sequences: int = 40  # sequences; every query position of each is a prompt
     seed: int = 2024  # the sequence draws
     folds: int = 5
@@ -37,10 +97,6 @@ class WindtunnelParams(Params):
     covariates: tuple[str, ...] = ("position",)  # the query position: the bijection's exact entropy is a function of it
     axis_control: tuple[str, ...] = ()  # covariates of a conditional axis for the interventions; () = plain axis
     n_perm: int = 1000
-
-
-def checkpoint_folder(name: str) -> Path:
-    return WINDTUNNELS_DIR / name if (WINDTUNNELS_DIR / name).is_dir() else Path(name)
 
 
 def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int]], dict]:
@@ -125,7 +181,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     from ..analyses.manifold import manifold_report
     from ..windtunnel.configs import n_params
 
-    wt = windtunnel_set(ctx, p.checkpoint, p.n_sequences, p.seed, layers="all", readings=("v", "attn_entropy"))
+    wt = windtunnel_set(ctx, p.tunnel, p.n_sequences, p.seed, layers="all", readings=("v", "attn_entropy"))
     model, task, prompts, cols, acts = wt.model, wt.task, wt.prompts, wt.cols, wt.acts
     n = model.cfg.n_layers
     bayes, k = np.array(cols["bayes_entropy"]), np.array(cols["k"])
@@ -167,7 +223,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     iv = protocol(ctx, p, ProtocolPrompts(model, prompts, acts, cols, task.hypothesis_ids, fit_idx, eval_idx, columns, k,
                                           "position"), EditProtocol(sets, p.ops, p.controls, ctx.config.seed))
     rows += iv.rows
-    data = dict(iv.data, checkpoint=p.checkpoint, task=task.name, k=k.tolist(), bayes_entropy=bayes.tolist(),
+    data = dict(iv.data, checkpoint=p.tunnel, task=task.name, k=k.tolist(), bayes_entropy=bayes.tolist(),
                 model_entropy=acts.entropy.tolist(), pc1=rep["pc1_score"], n_params=n_params(model))
     return Result(rows, data)
 
@@ -175,14 +231,14 @@ def run(ctx, p: WindtunnelParams) -> Result:
 def plan(ctx, p: WindtunnelParams) -> list:
     from ..core.plugin import PlanItem
 
-    task = task_of(checkpoint_folder(p.checkpoint))
+    task = task_of(checkpoint_folder(p.tunnel))
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
-    return [PlanItem("windtunnel", f"wind tunnel {p.checkpoint}: {len(prompts)} prompts and the intervention "
-                     "protocol (a small model: seconds)", None, len(prompts), model=Path(p.checkpoint).name)]
+    return [PlanItem("windtunnel", f"wind tunnel {p.tunnel}: {len(prompts)} prompts and the intervention "
+                     "protocol (a small model: seconds)", None, len(prompts), model=Path(p.tunnel).name)]
 
 
 def summary(rows: list[Row], p: WindtunnelParams) -> list[Line]:
-    prefix = f"wind tunnel {p.checkpoint}: "
+    prefix = f"wind tunnel {p.tunnel}: "
     mae = find(rows, "entropy_mae", condition="windtunnel", subset="all")
     layer = max(r.scope["layer"] for r in select(rows, "pc1_share"))
     share, share12 = find(rows, "pc1_share", layer=layer), find(rows, "pc12_share", layer=layer)
@@ -266,7 +322,7 @@ CALIBRATED_BITS = (0.01, 0.1)  # entropy MAE vs Bayes: "holds" at most 0.01 bits
 
 
 def subject(p: WindtunnelParams) -> str:
-    return Path(p.checkpoint).name
+    return Path(p.tunnel).name
 
 
 def ledger(probes) -> list:

@@ -202,24 +202,68 @@ def _resolve(name: str) -> tuple[str, bool]:
     return name, False
 
 
-SAMPLE_BYTES = 2**20  # a file's identity reads at most its first and last MiB
+DIGESTS_FILE = "digests.json"  # under cache_dir(): whole-file digests of large weights, kept between processes
+DISK_MEMO_BYTES = 16 * 2**20  # files at least this large have their digest kept on disk (smaller ones hash in ms)
+RACY_SECONDS = 2.0  # a file modified this recently may change again within its mtime's tick: not memoised (git's rule)
+_DIGESTS: dict[str, list] = {}  # resolved path -> [size, mtime_ns, inode, sha256], this process's memo
+
+
+def _stat_key(path: Path) -> list:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _disk_memo() -> dict:
+    """The digests kept under ``cache_dir()`` (``DIGESTS_FILE``); {} when absent or unreadable."""
+    import json
+
+    try:
+        data = json.loads((cache_dir() / DIGESTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _keep_on_disk(key: str, entry: list) -> None:
+    """Add one digest to ``DIGESTS_FILE`` (read again first, so entries of other processes stay; entries of files
+    that are gone are dropped). A cache that cannot be written only costs a re-hash next time."""
+    from ..core.store import write_json
+
+    memo = {k: v for k, v in _disk_memo().items() if Path(k).exists()}
+    memo[key] = entry
+    try:
+        write_json(cache_dir() / DIGESTS_FILE, memo)
+    except OSError:
+        pass
 
 
 def _file_digest(path: Path) -> str:
-    """sha256 of a file's size and contents, reading only its first and last MiB when it is larger (weights of
-    a retrained model differ everywhere, so a sample tells them apart without reading gigabytes)."""
-    import hashlib
+    """sha256 of a file's whole contents, memoised by (resolved path, size, mtime_ns, inode): in this process, and
+    for files of ``DISK_MEMO_BYTES`` or more also on disk (``DIGESTS_FILE``), so a large model is read once.
 
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with path.open("rb") as f:
-        if size <= 2 * SAMPLE_BYTES:
-            h.update(f.read())
-        else:
-            h.update(f.read(SAMPLE_BYTES))
-            f.seek(size - SAMPLE_BYTES)
-            h.update(f.read(SAMPLE_BYTES))
-    return h.hexdigest()
+    Like git and make, the memo trusts (size, mtime_ns, inode): an edit that keeps the size and sets the mtime back
+    (``os.utime``) is not seen. Writing a file in place (``save_file``, ``save_pretrained``, ``open(..., "r+b")``)
+    or replacing it sets a new mtime (and a rename a new inode), so ordinary edits are. A file modified within
+    ``RACY_SECONDS`` is hashed again next time, since a second edit within one tick of a coarse clock keeps its
+    mtime."""
+    import time
+
+    from ..core.store import file_digest
+
+    key = str(path.resolve())
+    stat = _stat_key(path)
+    known = _DIGESTS.get(key)
+    if known is None and stat[0] >= DISK_MEMO_BYTES:
+        known = _disk_memo().get(key)
+    if isinstance(known, list) and known[:3] == stat:
+        _DIGESTS[key] = known
+        return known[3]
+    digest = file_digest(path)
+    if _stat_key(path) == stat and time.time() - stat[1] / 1e9 > RACY_SECONDS:  # unchanged while read, and settled
+        _DIGESTS[key] = [*stat, digest]
+        if stat[0] >= DISK_MEMO_BYTES:
+            _keep_on_disk(key, _DIGESTS[key])
+    return digest
 
 
 _HUB_COMMITS: dict[tuple[str, str], str] = {}  # (repo, revision) -> commit the Hub named, once per process
@@ -284,7 +328,7 @@ def _load_revision(source: str, local: bool, revision: str | None) -> str | None
 def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
     """What determines a model's numbers, however its name was spelled: a Hub id with the commit its revision
     resolves to (``hub_commit``: a moved ``main`` is a new model), or for a local folder (also an alias or a .gguf
-    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names, sizes and contents,
+    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names and whole contents,
     see ``_file_digest``). The folder's path is left out, so a copy elsewhere is the same model, and any changed
     file makes a new one. A Hub revision that cannot be resolved (offline, not in the HF cache) keeps its name with
     ``commit: None``: nothing can load under that identity (``load_model`` refuses), so no number is stored under
@@ -587,6 +631,11 @@ def load_model(
     ``model_info(bridge)``. Hooks use TransformerLens names: ``blocks.{L}.attn.hook_v`` is
     ``[batch, pos, n_kv_heads, d_head]``.
 
+    Text gets the checkpoint's own BOS policy everywhere: ``bridge.to_tokens(text)``, ``to_str_tokens``,
+    ``run_with_cache(text)`` and ``generate(text)`` (TransformerLens's ``cfg.default_prepend_bos``, set from the
+    checkpoint's tokenizer) give the ids ``ib.collect`` and Hugging Face's tokenizer give; TransformerLens's own
+    default would prepend a BOS to every text (pass ``prepend_bos=True`` for that).
+
     A model bigger than one device loads with ``device_map`` ("auto", "balanced", "sequential" or a dict of module
     -> device, placed by accelerate; ``max_memory`` caps each device, e.g. ``{0: "70GiB", 1: "70GiB"}``, and
     modules mapped to "disk" go to ``offload_folder``). Each device's share is checked before anything loads, and
@@ -632,6 +681,9 @@ def load_model(
     # TransformerLens rebuilds the tokenizer with add_bos_token=True; text is tokenised with a fresh copy of the
     # checkpoint's own tokenizer instead, so token ids and logits equal Hugging Face's on the same text.
     bridge._ib_tokenizer = _tokenizer(source, kw)
+    # and TransformerLens's own string paths (to_tokens, to_str_tokens, run_with_cache / generate on text) prepend
+    # BOS only where the checkpoint does: its default_prepend_bos (True otherwise) strips the BOS its tokenizer adds
+    bridge.cfg.default_prepend_bos = tokenizer_policy(bridge._ib_tokenizer)["adds_bos"]
     bridge._ib_info = ModelInfo(name=name, source=source, family=config.model_type, dtype=str(dtype).removeprefix("torch."),
                                 n_params=n_params, revision=asked, native=native,
                                 commit=None if local else revision)

@@ -16,6 +16,7 @@ collects (the sweep's ``layers`` serve the probes that name none); a kind whose 
 from __future__ import annotations
 
 import html
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -48,8 +49,12 @@ class Probe:
     default: bool = True  # ``default: false`` in a built-in recipe: run only when named (slow or specialised)
 
     def key(self) -> str:
-        """The stage's identity: what it computes, not what it is called."""
-        return content_key(self.kind.name, self.kind.version, self.params.to_dict(), __version__)
+        """The stage's identity: what it computes, not what it is called. A model folder the parameters name (a wind
+        tunnel) enters by its content (``model_identity``: whole-file digests, memoised), not its path."""
+        from ..model.loading import model_identity
+
+        named = {name: model_identity(folder) for name, folder in self.params.checkpoints().items()}
+        return content_key(self.kind.name, self.kind.version, self.params.to_dict(), named, __version__)
 
 
 def builtin_probes() -> list[str]:
@@ -80,7 +85,9 @@ def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = Non
     if not isinstance(default, bool):
         raise ConfigError(f"'default:' in {path} must be true or false, not {default!r}.")
     data = merge(data, (overrides or {}).get(name, {}))
-    return Probe(name=name, kind=kind, params=kind.params.from_dict(data), kind_ref=ref, default=default)
+    params = kind.params.from_dict(data)
+    params.checkpoints()  # a checkpoint that is not there, or not one this kind reads, is refused now
+    return Probe(name=name, kind=kind, params=params, kind_ref=ref, default=default)
 
 
 def run_folder(config: SweepConfig) -> Path:
@@ -135,12 +142,10 @@ class Context:
         return self._identity
 
     def n_layers(self) -> int:
-        """The model's depth: from the loaded model, else ``model.json`` or its config (no weights loaded)."""
+        """The model's depth: from the loaded model, else its config (no weights loaded). Never from the run folder's
+        ``model.json``, a record for the report: the config is part of the model's identity, the record is not."""
         if self._model is not None:
             return self._model.cfg.n_layers
-        meta = self.folder / "model.json"
-        if meta.exists():
-            return read_json(meta)["n_layers"]
         from ..model.loading import load_config, resolve
 
         source, local = resolve(self.config.model)
@@ -518,6 +523,9 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                         run.computed.append(probe.name)
                         _views(folder)
                         views_current = True
+                if (folder / "model.json").exists() and _model_json_stale(ctx):
+                    say("model.json is damaged or does not match the model: loading it to write it again")
+                    _write_model_json(ctx, load=True)
                 atomic_write_text(folder / "config.yaml", config.to_yaml())
                 write_json(folder / "run.json", record)
                 views_current = views_current and _record_text(folder) == recorded  # the page shows both
@@ -598,8 +606,7 @@ def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None
 
     from ..core.registry import provenance
 
-    if ctx._model is not None and not (ctx.folder / "model.json").exists():
-        _write_model_json(ctx)
+    _write_model_json(ctx)
     with building(pfolder) as tmp:
         ctx.probe_folder, ctx.redo = tmp, redo
         try:
@@ -613,8 +620,7 @@ def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None
             row.probe, row.kind = probe.name, probe.kind.name
         write_rows(tmp / "rows.json", result.rows)
         write_json(tmp / "data.json", result.data)
-        if ctx._model is not None and not (ctx.folder / "model.json").exists():
-            _write_model_json(ctx)
+        _write_model_json(ctx)
         # stage.json last, with the digest of every file: its presence with a matching key marks the probe as
         # finished; kind_module / kind_from say what a fresh `interp-bayes report` imports to get a plugin kind back
         seal(tmp, "stage.json", dict(key=probe.key(), kind=probe.kind.name, kind_ref=probe.kind_ref,
@@ -623,13 +629,38 @@ def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None
     ctx.say(f"[done] {probe.name} in {seconds:.1f}s")
 
 
-def _write_model_json(ctx: Context) -> None:
+def _model_json_stale(ctx: Context) -> bool:
+    """Whether ``model.json`` is absent, damaged, or disagrees with the model's identity or depth (both known without
+    loading the weights)."""
+    try:
+        record = read_json(ctx.folder / "model.json")
+    except (FileNotFoundError, CacheError):
+        return True
+    return not isinstance(record, dict) or record.get("identity") != _as_json(ctx.identity) or \
+        record.get("n_layers") != ctx.n_layers()
+
+
+def _as_json(obj):
+    """``obj`` as ``write_json`` writes it and ``read_json`` reads it back."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _write_model_json(ctx: Context, load: bool = False) -> None:
+    """Record the loaded model's provenance in ``model.json`` for the report, unless the file holds it already, so
+    a damaged or edited one is written again by the next sweep that loads the model (``load``: load it for this)."""
     from ..model.loading import model_info
 
+    if ctx._model is None and not load:
+        return
     cfg = ctx.model.cfg
-    write_json(ctx.folder / "model.json", dict(model_info(ctx.model).to_dict(), n_layers=cfg.n_layers,
-                                               n_heads=cfg.n_heads, n_kv_heads=cfg.n_key_value_heads or cfg.n_heads,
-                                               identity=ctx.identity))
+    record = _as_json(dict(model_info(ctx.model).to_dict(), n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                           n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, identity=ctx.identity))
+    try:
+        if read_json(ctx.folder / "model.json") == record:
+            return
+    except (FileNotFoundError, CacheError):
+        pass
+    write_json(ctx.folder / "model.json", record)
 
 
 def _views(folder: Path) -> None:
