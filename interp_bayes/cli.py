@@ -39,10 +39,12 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", help="prompt pool of the manifold and focusing probes: built-in set or JSONL file")
     p.add_argument("--probes", nargs="+", help="probe names (probes/*.yaml) or YAML paths (default: all)")
     p.add_argument("--layers", type=int, nargs="+", help="layers to collect, negative from the end (default -1)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device")
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seed", type=int, help="seed of every random draw of the analyses: nulls, bootstraps, folds, "
+                                             "control axes (0 to 2**32-1; default 0)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations (default: float32 up to ~3B parameters, bfloat16 above)")
+    p.add_argument("--device", help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, else cpu)")
+    p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: about 2048 tokens per batch)")
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (pytorch_model.bin, *.pt) of a checkpoint without safetensors: only "
@@ -153,9 +155,12 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _add_results_arguments(p: argparse.ArgumentParser) -> None:
+    from .core.checks import out_file_arg
+
     p.add_argument("run", help="run folder written by `interp-bayes sweep`")
-    p.add_argument("--format", choices=["csv", "json"], default="csv")
-    p.add_argument("--out", help="write to this file instead of standard output")
+    p.add_argument("--format", choices=["csv", "json"], default="csv",
+                   help="csv: one row per number, scope keys as columns; json: the rows as objects (default csv)")
+    p.add_argument("--out", type=out_file_arg, help="write to this file instead of standard output")
 
 
 def _run_module(module: str, func: str):
@@ -172,7 +177,8 @@ COMMANDS = {
                (".report.html", "add_report_arguments"), _run_module(".report.html", "report_main")),
     "compare": ("one page comparing several run folders (Paper III Table 2 layout)",
                 (".report.html", "add_compare_arguments"), _run_module(".report.html", "compare_main")),
-    "train": ("train a wind-tunnel model or its MLP baseline", (".windtunnel.train", "add_train_args"),
+    "train": ("train a wind-tunnel model: a transformer, or one of its parameter-matched rivals (mlp, mlp-context, "
+              "lstm, mamba)", (".windtunnel.train", "add_train_args"),
               _run_module(".windtunnel.train", "run_train")),
     "dynamics": ("Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
                  (".dynamics.cli", "add_dynamics_arguments"), _run_module(".dynamics.cli", "dynamics_main")),

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing
+import shutil
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -29,6 +30,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from ..core.checks import count_arg, device_arg, out_folder_arg, seed_arg
+from ..core.errors import ConfigError
 from ..core.store import atomic_write_text
 from ..tasks.base import from_worker, sample_in_worker
 from .configs import (ARCHS, PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params,
@@ -225,6 +228,7 @@ def train_windtunnel(
     seed: int = 0,
     device: str | None = None,
     quiet: bool = False,
+    overwrite: bool = False,
     **overrides: Any,
 ) -> Path:
     """Train a wind-tunnel model on ``task`` (a name of the task table) with one of its presets (``PRESETS``:
@@ -232,10 +236,16 @@ def train_windtunnel(
 
     ``overrides`` replace TrainConfig fields (``arch="mlp"`` trains the capacity-matched baseline). Returns the
     output folder, which holds the final model, its checkpoints and the metrics log. ``device`` defaults to CUDA
-    when available; the saved folders hold float32 weights either way.
+    when available; the saved folders hold float32 weights either way. A non-empty ``out`` is refused (its
+    checkpoints would sit beside the new model's) unless ``overwrite``, which empties it first.
     """
     cfg = make_config(task, preset, seed=seed, **overrides)
     out = Path(out)
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"{out} is not empty (an earlier training's files would mix with this one's); pass "
+                              "--overwrite (overwrite=True) to empty it first, or choose another --out.")
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     the_task = make_task(cfg)
@@ -255,13 +265,16 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
     parser.add_argument("--preset", default="cpu",
                         help="; ".join(f"{task}: {' | '.join(presets)}" for task, presets in sorted(PRESETS.items())))
-    parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=out_folder_arg, required=True,
+                        help="output folder (model, checkpoints, metrics.jsonl); must be empty or new")
+    parser.add_argument("--overwrite", action="store_true", help="empty a non-empty --out first")
+    parser.add_argument("--seed", type=seed_arg, default=0,
+                        help="seed of the initial weights and of every training and evaluation batch (default 0)")
     parser.add_argument("--arch", choices=ARCHS, default="transformer",
                         help="model family; all but the transformer are matched to its parameter count")
-    parser.add_argument("--steps", type=int, default=None, help="override the preset's step count")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--steps", type=count_arg(), default=None, help="override the preset's step count")
+    parser.add_argument("--device", type=device_arg, default=None, help="cpu | cuda (default: cuda when available)")
+    parser.add_argument("--threads", type=count_arg(), default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -269,9 +282,9 @@ def run_train(args: argparse.Namespace) -> int:
     """Run a training from parsed ``add_train_args`` arguments; returns an exit status."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps else {})
+    overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps is not None else {})
     train_windtunnel(args.task, preset=args.preset, out=args.out, seed=args.seed, device=args.device,
-                     quiet=args.quiet, **overrides)
+                     quiet=args.quiet, overwrite=args.overwrite, **overrides)
     return 0
 
 
