@@ -43,7 +43,8 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
                                              "control axes (0 to 2**32-1; default 0)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: float32 up to ~3B parameters, bfloat16 above)")
-    p.add_argument("--device", help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, else cpu)")
+    p.add_argument("--device", help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, "
+                                    "else cpu)")
     p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: about 2048 tokens per batch)")
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
     p.add_argument("--allow-pickle", action="store_true",
@@ -70,7 +71,7 @@ def _sweep(args: argparse.Namespace) -> int:
                            quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
                            allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:
-        return _print_plan(plan_sweep(config), config)
+        return _print_plan(plan_sweep(config, redo=args.redo), config)
     run = run_sweep(config, redo=args.redo)
     view = RunView.load(run.folder)
     print("\n".join(ledger_lines(collect(view), view.name)))  # the answer; every number is in the report
@@ -82,16 +83,17 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _print_plan(items, config) -> int:
     """The plan, each probe with its cost, and the time it should take (recorded by earlier runs under --out, else
-    from a calibration forward of the sweep's model on this machine)."""
+    from a calibration forward of the sweep's model on this machine); probes with nothing to time stay untimed."""
     from .run.sweep import calibrate, estimate
 
     forwards = sum(i.forwards for i in items)
     disk = sum(i.disk_bytes for i in items)
     est = estimate(config, items)
-    missing = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached
-               and i.probe not in est.seconds]
-    if missing:  # no earlier run to read their time from: measure the model's throughput here
-        est = estimate(config, items, *calibrate(config, items))
+    to_run = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached]
+    if any(p not in est.seconds for p in to_run):  # no earlier run to read their time from: time the model here
+        measured = calibrate(config, items)
+        if measured is not None:
+            est = estimate(config, items, *measured)
     for i in items:
         state = "cached" if i.cached else "unknown until earlier stages run" if i.cached is None else "to compute"
         extra = f", {i.forwards} prompt forwards" + (f" on {i.model}" if i.model else "") if i.forwards else ""
@@ -101,9 +103,15 @@ def _print_plan(items, config) -> int:
     tunnels = sum(i.forwards for i in items if i.model)
     print(f"total still to run: {forwards} prompt forwards ({forwards - tunnels} of the sweep's model, {tunnels} of "
           f"wind tunnels), about {disk / 2**20:.1f} MiB of activations")
+    untimed = [p for p in to_run if p not in est.seconds]
+    left = (f"not timed: {', '.join(untimed)} (no earlier run under --out and no activation set of the sweep's "
+            "model to time)") if untimed else ""
+    if not est.seconds:
+        print("estimated time: none" + (f"; {left}" if left else " (everything is cached)"))
+        return 0
     how = "; ".join(filter(None, [f"{sum(v == 'recorded' for v in est.source.values())} probe(s) as long as an "
                                   "earlier run under --out took" if "recorded" in est.source.values() else "",
-                                  f"the rest at {est.calibration}" if est.per_forward else ""]))
+                                  f"the rest at {est.calibration}" if est.per_forward else "", left]))
     print(f"estimated time: about {est.total / 60:.1f} min" + (f" ({how})" if how else ""))
     return 0
 

@@ -53,6 +53,10 @@ class EditProtocol:
         unknown = sorted(set(self.controls) - set(CONTROL_FAMILIES))
         if unknown:
             raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: {', '.join(CONTROL_FAMILIES)}.")
+        counts = {f: n for f, n in self.controls.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0}
+        if counts:
+            raise ConfigError(f"Control draws must be whole numbers of at least 0 (0: no such control), not "
+                              f"{', '.join(f'{f}: {n!r}' for f, n in counts.items())}.")
         bad = sorted(set(self.ops) - set(OPS + ONMANIFOLD_OPS))
         if bad:
             raise ConfigError(f"Unknown intervention {', '.join(bad)}; choose from {', '.join(OPS + ONMANIFOLD_OPS)}.")

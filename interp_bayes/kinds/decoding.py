@@ -20,7 +20,7 @@ import numpy as np
 from ..core.results import Row, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
-from .common import recipe_nuisances, sula, sula_groups
+from .common import check_folds, recipe_nuisances, sula, sula_groups, sula_prompts
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,12 @@ class DecodingParams(Params):
     folds: int = 5
     n_null: int = 20  # shuffled-target decoders of the null
     n_boot: int = 1000
+
+    def check(self, ctx, probe: str) -> None:
+        if self.task == "sula":
+            check_folds(probe, self.folds, sula_prompts(self.per_k), "SULA prompts", "per_k")
+        else:
+            check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
 
 
 TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))

@@ -20,6 +20,7 @@ from ..core.errors import ConfigError
 from ..core.plugin import Figure, Kind, Line, Params, Result
 from ..core.registry import register
 from ..core.results import Row, select
+from .common import check_folds
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class GaussianParams(Params):
     # "matched": flat clouds with the states' covariance; "matched_per_n": drawn per n (per step on the Kalman
     # tunnel) with that stratum's mean and covariance, so clusters by n alone are not read as curvature
     geometry_null: Literal["matched", "matched_per_n"] = "matched_per_n"
+
+    def check(self, ctx, probe: str) -> None:
+        check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
 
 
 def _task_data(ctx, p: GaussianParams) -> dict:
