@@ -258,7 +258,49 @@ def _bad_inputs(model: Path, d: Path) -> dict:
                                           "interventions_onmanifold.ops=[cut, resample2]"]),
         "gaussian null outside its choices": ({}, [*sweep, "--probes", "gaussian", "--set",
                                                     "gaussian.geometry_null=flat"]),
+        **_sweep_inputs_of_issue_35(model, d),
     }
+
+
+def _sweep_inputs_of_issue_35(model: Path, d: Path) -> dict:
+    """Issue 35 items 5 and 6: each refused when the command line or the recipe is read, by the run and by its dry
+    run alike (one validation path), so every case comes twice."""
+    sweep = ["sweep", "--model", model, "--out", d / "out", "--prompts", "basic"]
+    keys, files_keys = str(d / "keys.yaml"), {"keys.yaml": yaml.safe_dump(RECIPES["keys"])}
+    mixed, files_mixed = str(d / "mixed.yaml"), {"mixed.yaml": yaml.safe_dump(RECIPES["mixed"])}
+
+    def recipe(text: str):
+        return {"r.yaml": text}, [*sweep, "--probes", d / "r.yaml"]
+
+    cases = {
+        "--seed beyond 2**32-1": (files_keys, [*sweep, "--probes", keys, "--seed", str(2**32)]),
+        "--seed -1": (files_keys, [*sweep, "--probes", keys, "--seed", "-1"]),
+        "--device tpu": (files_keys, [*sweep, "--probes", keys, "--device", "tpu"]),
+        "--out name longer than the file system allows": (files_keys, ["sweep", "--model", model, "--out",
+                                                                       d / ("x" * 300), "--probes", keys]),
+        "--redo unknown, beside a cached probe": (files_keys, [*sweep, "--probes", keys, "--redo", "keys2"]),
+        "martingale ks: [-1]": recipe("kind: martingale\nper_k: 2\nks: [-1]\n"),
+        "martingale ks beyond the tunnel's pairs": recipe("kind: martingale\ntask: bijection-cpu\nks: [1, 20]\n"),
+        "martingale n_draws: 1": recipe("kind: martingale\nper_k: 2\nn_draws: 1\n"),
+        "resample ablation with per_k: 1": ({}, [*sweep, "--probes", "interventions_onmanifold", "--set",
+                                                 "interventions_onmanifold.per_k=1"]),
+        "controls isotropic: -1": ({}, [*sweep, "--probes", "interventions", "--set",
+                                        "interventions.controls.isotropic=-1"]),
+        "controls bogus: 3": ({}, [*sweep, "--probes", "interventions", "--set", "interventions.controls.bogus=3"]),
+        "ops: [frobnicate]": ({}, [*sweep, "--probes", "interventions", "--set", "interventions.ops=[frobnicate]"]),
+        "interventions fit unknown": ({}, [*sweep, "--probes", "interventions", "--set", "interventions.fit=half"]),
+        "tunnel ops: [frobnicate]": recipe("kind: windtunnel\nops: [frobnicate]\n"),
+        "tunnel resample with 2 sequences": recipe("kind: windtunnel\nn_sequences: 2\nfolds: 2\n"
+                                                    "ops: [resample]\n"),
+        "tunnel folds beyond its sequences": recipe("kind: windtunnel\nn_sequences: 3\n"),
+        "axis folds beyond its prompts": ({}, [*sweep, "--probes", "axis", "--set", "axis.per_k=1", "axis.folds=6"]),
+        "decoding folds beyond its sequences": recipe("kind: decoding\ntask: bijection-cpu\nn_sequences: 4\n"),
+        "gaussian folds beyond its sequences": recipe("kind: gaussian\nn_sequences: 3\n"),
+        "lone surrogate in a prompts file": ({"p.jsonl": '{"text": "fine"}\n{"text": "a \\ud800 b"}\n',
+                                              **files_mixed},
+                                             [*sweep[:-2], "--prompts", d / "p.jsonl", "--probes", mixed]),
+    }
+    return {**cases, **{f"{case} (dry run)": (files, [*argv, "--dry-run"]) for case, (files, argv) in cases.items()}}
 
 
 def _model_cases(model: Path, d: Path) -> dict:
@@ -310,6 +352,27 @@ def test_bad_input_exits_2_with_one_sentence_and_creates_nothing(model, tmp_path
     code, text = _cli(argv, capsys)
     _assert_refused(code, text, case)
     assert _tree(d) == before, f"{case}: files changed: {sorted(set(_tree(d)) ^ set(before))}"
+
+
+ISSUE_35 = [case for case in _sweep_inputs_of_issue_35(Path("model"), Path("case")) if not case.endswith("(dry run)")]
+
+
+@pytest.mark.parametrize("case", ISSUE_35)
+def test_dry_run_refuses_with_the_runs_own_sentence(model, tmp_path, capsys, monkeypatch, case):
+    """One validation path: the dry run gives the run's error, not a stand-in (such as "found no activation set
+    to time")."""
+    d = tmp_path / "case"
+    cases = _sweep_inputs_of_issue_35(model, d)
+    d.mkdir()
+    for name, text in cases[case][0].items():
+        (d / name).write_text(text)
+    monkeypatch.chdir(d)
+    said = []
+    for variant in (case, f"{case} (dry run)"):
+        code, text = _cli(cases[variant][1], capsys)
+        _assert_refused(code, text, variant)
+        said.append([line for line in text.splitlines() if "error" in line.lower()])
+    assert said[0] == said[1], said
 
 
 @pytest.mark.parametrize("case", BAD_MODELS)
