@@ -337,6 +337,7 @@ BAD_MODELS = list(_model_cases(Path("model"), Path("case")))
 
 def test_the_corpus_holds_the_cases_of_the_issue():
     assert len(BAD_INPUTS) + len(BAD_MODELS) >= 25
+    assert len(ISSUE_35) >= 20 and len(BAD_COMMANDS) >= 19  # issue 35, items 5 and 6
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -373,6 +374,72 @@ def test_dry_run_refuses_with_the_runs_own_sentence(model, tmp_path, capsys, mon
         _assert_refused(code, text, variant)
         said.append([line for line in text.splitlines() if "error" in line.lower()])
     assert said[0] == said[1], said
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _bad_commands(model: Path, run: Path, d: Path) -> dict:
+    """The other command lines (train, dynamics, results, compare, the example scripts): case -> (files to create
+    first, argv); an argv starting with a script of examples/ runs that script's main()."""
+    train = ["train", "bijection", "--preset", "tiny", "--quiet"]
+    return {
+        "train --steps -5": ({}, [*train, "--out", d / "t", "--steps", "-5"]),
+        "train --steps 0": ({}, [*train, "--out", d / "t", "--steps", "0"]),
+        "train --device tpu": ({}, [*train, "--out", d / "t", "--device", "tpu"]),
+        "train --seed -1": ({}, [*train, "--out", d / "t", "--seed", "-1"]),
+        "train --seed beyond 2**32-1": ({}, [*train, "--out", d / "t", "--seed", str(2**32)]),
+        "train --out ''": ({}, [*train, "--out", ""]),
+        "train --out name too long": ({}, [*train, "--out", d / ("t" * 300)]),
+        "train --out a file": ({"f.txt": "x"}, [*train, "--out", d / "f.txt"]),
+        "train into a non-empty --out": ({"t/checkpoints/step_000050/config.json": "{}"}, [*train, "--out", d / "t"]),
+        "results --out a folder": ({"dir/x.txt": ""}, ["results", run, "--out", d / "dir"]),
+        "compare --out a folder": ({"dir/x.txt": ""}, ["compare", run, "--out", d / "dir"]),
+        "dynamics --steps -5": ({}, ["dynamics", "--steps", "-5", "--out", d / "dyn.json"]),
+        "dynamics --record-every 0": ({}, ["dynamics", "--record-every", "0", "--out", d / "dyn.json"]),
+        "dynamics --seeds -1": ({}, ["dynamics", "--seeds", "-1", "--out", d / "dyn.json"]),
+        "dynamics --deep-device tpu": ({}, ["dynamics", "--deep", "--deep-device", "tpu", "--out", d / "dyn.json"]),
+        "p4b.py --out a file": ({"f.txt": "x"}, [EXAMPLES / "p4b.py", "--out", d / "f.txt"]),
+        "p4b.py --n-fit 0": ({}, [EXAMPLES / "p4b.py", "--out", d / "p", "--n-fit", "0"]),
+        "architecture_table.py --n -5": ({}, [EXAMPLES / "architecture_table.py", "--out", d / "a", "--n", "-5"]),
+        "geometry_table.py --seed -1": ({}, [EXAMPLES / "geometry_table.py", "--out", d / "g", "--seed", "-1"]),
+    }
+
+
+def _run_command(argv: list, capsys) -> tuple[int, str]:
+    if str(argv[0]).endswith(".py"):  # an example script, through its main()
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"example_{Path(argv[0]).stem}", argv[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        try:
+            code = module.main([str(a) for a in argv[1:]])
+        except SystemExit as err:
+            code = err.code
+        out = capsys.readouterr()
+        return code, out.out + out.err
+    return _cli(argv, capsys)
+
+
+BAD_COMMANDS = list(_bad_commands(Path("model"), Path("run"), Path("case")))
+
+
+@pytest.mark.parametrize("case", BAD_COMMANDS)
+def test_bad_command_exits_2_with_one_sentence_and_creates_nothing(model, clean, tmp_path, capsys, monkeypatch,
+                                                                   case):
+    d = tmp_path / "case"
+    files, argv = _bad_commands(model, clean, d)[case]
+    d.mkdir()
+    for name, text in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+    monkeypatch.chdir(d)
+    before, run_before = _tree(d), _tree(clean)
+    code, text = _run_command(argv, capsys)
+    _assert_refused(code, text, case)
+    assert _tree(d) == before, f"{case}: files changed: {sorted(set(_tree(d)) ^ set(before))}"
+    assert _tree(clean) == run_before
 
 
 @pytest.mark.parametrize("case", BAD_MODELS)

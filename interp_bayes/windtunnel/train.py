@@ -1,7 +1,7 @@
 """Training loop for wind-tunnel models, the same for every task (its loss, held-out metrics and evaluation come
 from its entry of ``table.TASK_TABLE``): fresh batches every step (optionally a curriculum over lengths or task
 variants), AdamW with transformers' warm-up + cosine schedule, clipping, checkpoints on a dense-early schedule (each
-a loadable HF folder), a tqdm bar and a JSONL metrics log (wall and CPU time).
+a loadable HF folder), a progress bar and a JSONL metrics log (wall and CPU time).
 
 Output folder::
 
@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..core.checks import count_arg, device_arg, out_folder_arg, seed_arg
 from ..core.errors import ConfigError
+from ..core.progress import progress_bar
 from ..core.store import atomic_write_text
 from ..tasks.base import from_worker, sample_in_worker
 from .configs import (ARCHS, PRESETS, TrainConfig, build_model, curriculum_tasks, make_config, make_task, n_params,
@@ -171,7 +171,7 @@ def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Cal
     opt, sched = make_optimizer(model, cfg)
     ckpts = set(cfg.checkpoint_steps())
     start, cpu_start = time.perf_counter(), time.process_time()
-    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
+    bar = progress_bar(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
     with contextlib.closing(batches(cfg, sample, draw)) as stream, (out / "metrics.jsonl").open("w") as log:
         for step in bar:
             if step in ckpts:
