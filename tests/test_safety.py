@@ -528,3 +528,35 @@ def test_dry_run_writes_nothing(model, tmp_path, capsys):
     assert code == 0, text
     assert "to compute" in text
     assert _tree(tmp_path) == before  # no run folder, no sula_task.json
+
+
+def test_dry_run_with_nothing_to_time_prints_the_plan_untimed(model, tmp_path, capsys):
+    """A fresh --out and probes with no activation set of the sweep's model (keys reads weights; a wind-tunnel
+    selection runs on the tunnel): the plan, untimed, exit 0, nothing written."""
+    recipes = _recipes(tmp_path / "recipes", names=("keys",))
+    before = _tree(tmp_path)
+    for probes in (recipes, ["martingale_windtunnel"]):
+        code, text = _cli(["sweep", "--model", model, "--out", tmp_path / "out", "--prompts", "basic", "--probes",
+                           *probes, "--dry-run"], capsys)
+        assert code == 0, text
+        name = Path(probes[0]).stem
+        assert f"{name:20s} probe of kind" in text and "to compute" in text
+        assert f"estimated time: none; not timed: {name}" in text, text
+    assert _tree(tmp_path) == before
+
+
+def test_train_refuses_a_non_empty_out_and_overwrite_empties_it(tmp_path, capsys):
+    """Issue 35 item 3: a second training into the folder of a first would leave the first's checkpoints beside
+    the new model."""
+    out = tmp_path / "tunnel"
+    stale = out / "checkpoints" / "step_000050" / "config.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    argv = ["train", "bijection", "--preset", "tiny", "--steps", "2", "--quiet", "--threads", "1", "--out", out]
+    code, text = _cli(argv, capsys)
+    _assert_refused(code, text, "train into a non-empty --out")
+    assert "--overwrite" in text and sorted(p.name for p in out.rglob("*")) == ["checkpoints", "config.json",
+                                                                                "step_000050"]
+    code, text = _cli([*argv, "--overwrite"], capsys)
+    assert code == 0, text
+    assert not stale.exists() and json.loads((out / "windtunnel.json").read_text())["step"] == 2

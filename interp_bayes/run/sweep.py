@@ -370,8 +370,7 @@ def plan_sweep(config: SweepConfig, redo: Sequence[str] = ()) -> list[PlanItem]:
 
 @dataclass
 class Estimate:
-    """A dry run's time estimate: per probe, seconds and where they come from; probes with neither a recorded time
-    nor forwards of the sweep's model to time are left out (untimed)."""
+    """A dry run's time estimate: per probe, seconds and where they come from (a probe with neither is untimed)."""
 
     seconds: dict[str, float]
     source: dict[str, str]  # probe -> "recorded" (an earlier run under --out) or "throughput"
@@ -418,17 +417,16 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
              calibration: str = "", load: float = 0.0) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
     ``--out`` (its stage.json), else its prompt forwards on the sweep's model times ``per_forward`` (wind-tunnel
-    forwards, on models of a few thousand parameters, count as nothing; a probe with no forward of the sweep's
-    model is left untimed rather than called free)."""
+    forwards, on models of a few thousand parameters, count as nothing); without either, a probe is untimed."""
     folder = run_folder(config)
     probes = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
     seconds, source = {}, {}
     for probe in probes:
         recorded = recorded_seconds(folder, probe.probe)
-        forwards = sum(i.forwards for i in items if i.probe == probe.probe and not i.model)
         if recorded is not None:
             seconds[probe.probe], source[probe.probe] = recorded, "recorded"
-        elif per_forward is not None and forwards:
+        elif per_forward is not None:
+            forwards = sum(i.forwards for i in items if i.probe == probe.probe and not i.model)
             seconds[probe.probe], source[probe.probe] = forwards * per_forward, "throughput"
     return Estimate(seconds, source, per_forward, calibration, load)
 
