@@ -18,17 +18,21 @@ log = logging.getLogger("interp_bayes")
 
 def _configure_output(quiet: bool, verbose: bool) -> None:
     """Messages through ``logging``: stage lines by default, none with --quiet (also no progress bars, ours or
-    Hugging Face's), library debug logs with --verbose."""
+    Hugging Face's), library debug logs with --verbose. Into a log or a pipe, Hugging Face's bars are off and ours
+    write plain lines (``core.progress``)."""
     logging.basicConfig(format="%(message)s" if not verbose else "%(asctime)s %(name)s: %(message)s",
                         level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stdout)
     log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
-    if quiet:
-        for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
+    logged = not sys.stderr.isatty()  # a log or a pipe: our bars write plain lines there, Hugging Face's none
+    if quiet or logged:
+        for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS") + (("TQDM_DISABLE",)
+                                                                                               if quiet else ()):
             os.environ[var] = "1"
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    if quiet:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:

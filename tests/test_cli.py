@@ -393,10 +393,12 @@ def test_quiet_silences_every_bar(tiny_dirs, tmp_path):
            str(tmp_path / "runs"), "--prompts", "basic", "--probes", *probes]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     loud = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert loud.returncode == 0 and "%|" in loud.stderr  # the bars exist without --quiet
+    # the bars exist without --quiet: into a pipe as plain lines, with no carriage return and no bar drawing
+    assert loud.returncode == 0 and "collect: 100% 64/64" in loud.stderr
+    assert "\r" not in loud.stderr + loud.stdout and "%|" not in loud.stderr
     quiet = subprocess.run(cmd + ["--quiet", "--redo", "mixed"], capture_output=True, text=True, env=env,
                            timeout=300)
-    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout
+    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout and "collect" not in quiet.stderr
 
 
 def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
