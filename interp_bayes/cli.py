@@ -36,6 +36,8 @@ def _configure_output(quiet: bool, verbose: bool) -> None:
 
 
 def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    from .core.checks import device_arg
+
     p.add_argument("--config", help="YAML file of SweepConfig keys; flags override it")
     p.add_argument("--model", help="registry alias, local HF folder, .gguf file or Hub id (default smollm2-135m)")
     p.add_argument("--revision", help="Hub revision of the model (branch, tag or commit, e.g. step1000)")
@@ -47,7 +49,7 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
                                              "control axes (0 to 2**32-1; default 0)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: float32 up to ~3B parameters, bfloat16 above)")
-    p.add_argument("--device", help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, "
+    p.add_argument("--device", type=device_arg, help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, "
                                     "else cpu)")
     p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: about 2048 tokens per batch)")
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")

@@ -31,24 +31,26 @@ def count_problem(value, least: int = 1) -> str | None:
     return None if _is_int(value) and value >= least else f"a whole number of at least {least}"
 
 
-def device_problem(value) -> str | None:
-    """A torch device this machine has: cpu, cuda[:i] with CUDA present (and i below the GPU count), mps on Apple."""
+def device_problem(value, here: bool = True) -> str | None:
+    """A torch device this machine has: cpu, cuda[:i] with CUDA present (and i below the GPU count), mps on Apple;
+    with ``here`` False any device torch can name (a config that may run on another machine, e.g. a grid's)."""
     import torch
 
-    want = "a torch device of this machine: cpu"
+    has = ["cpu"]
     if torch.cuda.is_available():
-        want += f", cuda or cuda:0 .. cuda:{torch.cuda.device_count() - 1}"
+        has += ["cuda", f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}"]
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        want += ", mps"
+        has.append("mps")
+    want = f"a torch device this machine has ({', '.join(has)})"
     try:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError):
-        return want
-    if device.type == "cpu":
+        return want if here else "a torch device (cpu, cuda, cuda:1, mps)"
+    if device.type == "cpu" or not here:
         return None
     if device.type == "cuda" and torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count():
         return None
-    if device.type == "mps" and "mps" in want:
+    if device.type == "mps" and "mps" in has:
         return None
     return want
 

@@ -66,7 +66,8 @@ class SweepConfig:
             if getattr(self, name) is not None and (not is_int(getattr(self, name)) or getattr(self, name) < 1):
                 raise bad(name, "a positive integer (or null for the default)")
         if self.device is not None:
-            refuse(device_problem(self.device) if isinstance(self.device, str) else "a device name such as cpu",
+            # any device torch names: a config may run elsewhere (a grid's workers); `sweep --device` checks here
+            refuse(device_problem(self.device, here=False) if isinstance(self.device, str) else "a device name",
                    "Config key 'device' (--device)", self.device)
         if not isinstance(self.quiet, bool):
             raise bad("quiet", "true or false")

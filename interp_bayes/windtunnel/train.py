@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from ..core.checks import count_arg, device_arg, out_folder_arg, seed_arg
+from ..core.checks import count_arg, device_arg, device_problem, out_folder_arg, refuse, seed_arg
 from ..core.errors import ConfigError
 from ..core.progress import progress_bar
 from ..core.store import atomic_write_text
@@ -240,6 +240,8 @@ def train_windtunnel(
     checkpoints would sit beside the new model's) unless ``overwrite``, which empties it first.
     """
     cfg = make_config(task, preset, seed=seed, **overrides)
+    if device is not None:
+        refuse(device_problem(device), "The training's device (--device)", device)
     out = Path(out)
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
