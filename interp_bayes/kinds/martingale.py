@@ -38,8 +38,10 @@ class MartingaleParams(Params):
         if self.task != "sula":
             from .windtunnel import checkpoint_folder, task_of
 
-            n_pairs = getattr(task_of(checkpoint_folder(self.task)), "n_pairs", None)
-            most = None if n_pairs is None else n_pairs - 1
+            folder = checkpoint_folder(self.task)
+            if (folder / "windtunnel.json").is_file():  # (a folder that is no checkpoint is the run's to refuse)
+                n_pairs = getattr(task_of(folder), "n_pairs", None)
+                most = None if n_pairs is None else n_pairs - 1
         bad = [k for k in self.ks if k < 1 or (most is not None and k > most)]
         if bad or not self.ks:
             span = f"from 1 to {most} ({self.task} shows {most + 1} pairs)" if most is not None else "at least 1"
