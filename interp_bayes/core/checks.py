@@ -15,20 +15,17 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
+from .plugin import is_int
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeding take 0 .. 2**32 - 1
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def seed_problem(value) -> str | None:
-    return None if _is_int(value) and 0 <= value <= SEED_MAX else f"a seed from 0 to {SEED_MAX}"
+    return None if is_int(value) and 0 <= value <= SEED_MAX else f"a seed from 0 to {SEED_MAX}"
 
 
 def count_problem(value, least: int = 1) -> str | None:
-    return None if _is_int(value) and value >= least else f"a whole number of at least {least}"
+    return None if is_int(value) and value >= least else f"a whole number of at least {least}"
 
 
 def device_problem(value, here: bool = True) -> str | None:
