@@ -54,7 +54,8 @@ bench: $(STAMP)
 # count (PAPER_ARCHS; e.g. PAPER_ARCHS="transformer mamba" for fewer). Folders under $(WT_OUT)/, named TASK-PRESET
 # for the transformer and TASK-PRESET-ARCH for the others; each holds windtunnel.json with its evaluation against
 # the window filters. Then the analyses on the transformers and the architecture table over every folder.
-# DEVICE=cpu runs the same on a CPU (days).
+# DEVICE=cpu runs the same on a CPU (days). `train` refuses a folder that is not empty (a rerun would mix two
+# trainings): ARGS=--overwrite retrains into them.
 WT_OUT      ?= runs/windtunnels
 DEVICE      ?= cuda
 PAPER_ARCHS ?= transformer mlp mlp-context lstm mamba

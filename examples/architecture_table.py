@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from interp_bayes.core.checks import count_arg, out_folder_arg
 from interp_bayes.core.store import atomic_write_text
 from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
 from interp_bayes.windtunnel.configs import ARCHS, TrainConfig
@@ -89,12 +90,12 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=out_folder_arg, required=True, help="folder of table.json and table.md")
     parser.add_argument("--checkpoints", type=Path, nargs="*", default=[], help="trained folders beside the committed")
     parser.add_argument("--committed", action=argparse.BooleanOptionalAction, default=True,
                         help="score the committed cpu-preset checkpoints too")
-    parser.add_argument("--n", type=int, default=2000, help="held-out sequences per checkpoint")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n", type=count_arg(), default=2000, help="held-out sequences per checkpoint")
+    parser.add_argument("--threads", type=count_arg(), default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     missing = [str(f) for f in args.checkpoints if not (f / "windtunnel.json").is_file()]

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
 from interp_bayes.analyses.p4b import tunnel_geometry
+from interp_bayes.core.checks import count_arg, out_folder_arg, seed_arg
 from interp_bayes.core.store import atomic_write_text
 from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR, checkpoint_folder
 
@@ -52,12 +52,12 @@ def table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=out_folder_arg, required=True, help="folder of the <checkpoint>/geometry.json files")
     ap.add_argument("--checkpoints", nargs="+", default=["hmm-sticky-cpu", "hmm-sticky-cpu-mlp"])
-    ap.add_argument("--n", type=int, default=300, help="sequences (every query position of each is a row)")
-    ap.add_argument("--n-null", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--n", type=count_arg(), default=300, help="sequences (every query position of each is a row)")
+    ap.add_argument("--n-null", type=count_arg(), default=20)
+    ap.add_argument("--threads", type=count_arg(), default=1)
+    ap.add_argument("--seed", type=seed_arg, default=2024)
     ap.add_argument("--render", action="store_true", help="print the table of OUT/*/geometry.json and exit")
     args = ap.parse_args(argv)
     if not args.render:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from interp_bayes.analyses.p4b import P4bResult, ablation_verdicts, answer, cost_tolerance, decoding_verdict, p4b
+from interp_bayes.core.checks import count_arg, out_folder_arg, seed_arg
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR, checkpoint_folder
 from interp_bayes.tasks.bijection import BijectionTask
@@ -64,19 +65,19 @@ def tables(res) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", type=out_folder_arg, required=True, help="folder of the <checkpoint>/p4b.json files")
     ap.add_argument("--checkpoints", nargs="+", default=["bijection-cpu", "bijection-repl-cpu"])
-    ap.add_argument("--n-fit", type=int, default=400)
-    ap.add_argument("--n-eval", type=int, default=300)
-    ap.add_argument("--controls", type=int, default=20, help="isotropic and matched draws per subspace, each")
-    ap.add_argument("--n-null", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--n-fit", type=count_arg(), default=400, help="sequences the subspaces are fitted on")
+    ap.add_argument("--n-eval", type=count_arg(), default=300, help="sequences the ablations are scored on")
+    ap.add_argument("--controls", type=count_arg(), default=20, help="isotropic and matched draws per subspace, each")
+    ap.add_argument("--n-null", type=count_arg(), default=20, help="shuffled-target decoders of the null")
+    ap.add_argument("--threads", type=count_arg(), default=1)
+    ap.add_argument("--seed", type=seed_arg, default=2024)
     ap.add_argument("--render", action="store_true", help="print the tables of OUT/*/p4b.json and exit")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.render:
-        saved = sorted(Path(args.out).glob("*/p4b.json"))
+        saved = sorted(args.out.glob("*/p4b.json"))
         if not saved:
             print(f"No */p4b.json under {args.out}; run without --render first.", file=sys.stderr)
             return 2
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {err}", file=sys.stderr)
             return 2
         res.meta["wall_s"] = round(time.time() - start, 1)
-        dest = Path(args.out) / folder.name
+        dest = args.out / folder.name
         dest.mkdir(parents=True, exist_ok=True)
         (dest / "p4b.json").write_text(json.dumps(dict(decoding=res.decoding, ablations=res.ablations,
                                                        geometry=res.geometry, summary=res.summary, meta=res.meta),

@@ -18,20 +18,26 @@ log = logging.getLogger("interp_bayes")
 
 def _configure_output(quiet: bool, verbose: bool) -> None:
     """Messages through ``logging``: stage lines by default, none with --quiet (also no progress bars, ours or
-    Hugging Face's), library debug logs with --verbose."""
+    Hugging Face's), library debug logs with --verbose. Into a log or a pipe, Hugging Face's bars are off and ours
+    write plain lines (``core.progress``)."""
     logging.basicConfig(format="%(message)s" if not verbose else "%(asctime)s %(name)s: %(message)s",
                         level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stdout)
     log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
-    if quiet:
-        for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
+    logged = not sys.stderr.isatty()  # a log or a pipe: our bars write plain lines there, Hugging Face's none
+    if quiet or logged:
+        for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS") + (("TQDM_DISABLE",)
+                                                                                               if quiet else ()):
             os.environ[var] = "1"
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    if quiet:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    from .core.checks import device_arg
+
     p.add_argument("--config", help="YAML file of SweepConfig keys; flags override it")
     p.add_argument("--model", help="registry alias, local HF folder, .gguf file or Hub id (default smollm2-135m)")
     p.add_argument("--revision", help="Hub revision of the model (branch, tag or commit, e.g. step1000)")
@@ -39,10 +45,13 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", help="prompt pool of the manifold and focusing probes: built-in set or JSONL file")
     p.add_argument("--probes", nargs="+", help="probe names (probes/*.yaml) or YAML paths (default: all)")
     p.add_argument("--layers", type=int, nargs="+", help="layers to collect, negative from the end (default -1)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device")
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seed", type=int, help="seed of every random draw of the analyses: nulls, bootstraps, folds, "
+                                             "control axes (0 to 2**32-1; default 0)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations (default: float32 up to ~3B parameters, bfloat16 above)")
+    p.add_argument("--device", type=device_arg, help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, "
+                                    "else cpu)")
+    p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: about 2048 tokens per batch)")
     p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (pytorch_model.bin, *.pt) of a checkpoint without safetensors: only "
@@ -68,7 +77,7 @@ def _sweep(args: argparse.Namespace) -> int:
                            quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
                            allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:
-        return _print_plan(plan_sweep(config), config)
+        return _print_plan(plan_sweep(config, redo=args.redo), config)
     run = run_sweep(config, redo=args.redo)
     view = RunView.load(run.folder)
     print("\n".join(ledger_lines(collect(view), view.name)))  # the answer; every number is in the report
@@ -80,16 +89,17 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _print_plan(items, config) -> int:
     """The plan, each probe with its cost, and the time it should take (recorded by earlier runs under --out, else
-    from a calibration forward of the sweep's model on this machine)."""
+    from a calibration forward of the sweep's model on this machine); probes with nothing to time stay untimed."""
     from .run.sweep import calibrate, estimate
 
     forwards = sum(i.forwards for i in items)
     disk = sum(i.disk_bytes for i in items)
     est = estimate(config, items)
-    missing = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached
-               and i.probe not in est.seconds]
-    if missing:  # no earlier run to read their time from: measure the model's throughput here
-        est = estimate(config, items, *calibrate(config, items))
+    to_run = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached]
+    if any(p not in est.seconds for p in to_run):  # no earlier run to read their time from: time the model here
+        measured = calibrate(config, items)
+        if measured is not None:
+            est = estimate(config, items, *measured)
     for i in items:
         state = "cached" if i.cached else "unknown until earlier stages run" if i.cached is None else "to compute"
         extra = f", {i.forwards} prompt forwards" + (f" on {i.model}" if i.model else "") if i.forwards else ""
@@ -99,9 +109,15 @@ def _print_plan(items, config) -> int:
     tunnels = sum(i.forwards for i in items if i.model)
     print(f"total still to run: {forwards} prompt forwards ({forwards - tunnels} of the sweep's model, {tunnels} of "
           f"wind tunnels), about {disk / 2**20:.1f} MiB of activations")
+    untimed = [p for p in to_run if p not in est.seconds]
+    left = (f"not timed: {', '.join(untimed)} (no earlier run under --out and no activation set of the sweep's "
+            "model to time)") if untimed else ""
+    if not est.seconds:
+        print("estimated time: none" + (f"; {left}" if left else " (everything is cached)"))
+        return 0
     how = "; ".join(filter(None, [f"{sum(v == 'recorded' for v in est.source.values())} probe(s) as long as an "
                                   "earlier run under --out took" if "recorded" in est.source.values() else "",
-                                  f"the rest at {est.calibration}" if est.per_forward else ""]))
+                                  f"the rest at {est.calibration}" if est.per_forward else "", left]))
     print(f"estimated time: about {est.total / 60:.1f} min" + (f" ({how})" if how else ""))
     return 0
 
@@ -153,9 +169,12 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _add_results_arguments(p: argparse.ArgumentParser) -> None:
+    from .core.checks import out_file_arg
+
     p.add_argument("run", help="run folder written by `interp-bayes sweep`")
-    p.add_argument("--format", choices=["csv", "json"], default="csv")
-    p.add_argument("--out", help="write to this file instead of standard output")
+    p.add_argument("--format", choices=["csv", "json"], default="csv",
+                   help="csv: one row per number, scope keys as columns; json: the rows as objects (default csv)")
+    p.add_argument("--out", type=out_file_arg, help="write to this file instead of standard output")
 
 
 def _run_module(module: str, func: str):
@@ -172,7 +191,8 @@ COMMANDS = {
                (".report.html", "add_report_arguments"), _run_module(".report.html", "report_main")),
     "compare": ("one page comparing several run folders (Paper III Table 2 layout)",
                 (".report.html", "add_compare_arguments"), _run_module(".report.html", "compare_main")),
-    "train": ("train a wind-tunnel model or its MLP baseline", (".windtunnel.train", "add_train_args"),
+    "train": ("train a wind-tunnel model: a transformer, or one of its parameter-matched rivals (mlp, mlp-context, "
+              "lstm, mamba)", (".windtunnel.train", "add_train_args"),
               _run_module(".windtunnel.train", "run_train")),
     "dynamics": ("Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
                  (".dynamics.cli", "add_dynamics_arguments"), _run_module(".dynamics.cli", "dynamics_main")),

@@ -395,10 +395,12 @@ def test_quiet_silences_every_bar(tiny_dirs, tmp_path):
            str(tmp_path / "runs"), "--prompts", "basic", "--probes", *probes]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     loud = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert loud.returncode == 0 and "%|" in loud.stderr  # the bars exist without --quiet
+    # the bars exist without --quiet: into a pipe as plain lines, with no carriage return and no bar drawing
+    assert loud.returncode == 0 and "collect: 100% 64/64" in loud.stderr
+    assert "\r" not in loud.stderr + loud.stdout and "%|" not in loud.stderr
     quiet = subprocess.run(cmd + ["--quiet", "--redo", "mixed"], capture_output=True, text=True, env=env,
                            timeout=300)
-    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout
+    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout and "collect" not in quiet.stderr
 
 
 def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
@@ -426,3 +428,57 @@ def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
     page = (run.folder / "report.html").read_text()
     for fig in ("fig-entropy-neurons-neurons", "fig-martingale-mart_wt", "fig-decoding-dec"):
         assert fig in page
+
+
+def test_every_flag_of_every_command_has_help():
+    import argparse
+
+    from interp_bayes.cli import COMMANDS, build_parser
+
+    for command in COMMANDS:
+        parser = build_parser(command)
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        bare = [a.option_strings or a.dest for a in sub.choices[command]._actions if not a.help]
+        assert not bare, f"{command}: {bare}"
+
+
+def test_train_description_names_every_architecture(capsys):
+    from interp_bayes.windtunnel.configs import ARCHS
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(arch in text for arch in ARCHS), text
+
+
+def test_probes_lists_whole_first_sentences(capsys):
+    assert main(["probes"]) == 0
+    kinds = [line for line in capsys.readouterr().out.splitlines() if line.startswith("kind ")]
+    assert len(kinds) >= 11
+    for line in kinds:
+        about = line.split(": ", 1)[1].rsplit(" [", 1)[0]
+        assert about[-1] in ".?!", line  # a sentence, never cut at the end of a docstring's first line
+
+
+def test_progress_bars_write_plain_lines_into_a_log_and_refresh_in_a_terminal():
+    import io
+
+    from interp_bayes.core.progress import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream in (io.StringIO(), Terminal()):
+        fast = dict(mininterval=0) if isinstance(stream, Terminal) else {}  # a log keeps its one line a minute
+        bar = progress_bar(total=500, desc="collect", file=stream, **fast)
+        for _ in range(500):
+            bar.update(1)
+        bar.close()
+        text = stream.getvalue()
+        if isinstance(stream, Terminal):
+            assert text.count("\r") > 2  # tqdm's own bar, refreshed in place
+        else:
+            lines = text.splitlines()
+            assert "\r" not in text and "\x1b" not in text and len(lines) == 2, text  # start and end
+            assert lines[-1].startswith("collect: 100% 500/500")

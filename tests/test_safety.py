@@ -277,7 +277,49 @@ def _bad_inputs(model: Path, d: Path) -> dict:
                                        [*sweep, "--probes", d / "r.yaml"]),
         "the old checkpoint: for a tunnel": ({"r.yaml": "kind: windtunnel\ncheckpoint: bijection-cpu\n"},
                                              [*sweep, "--probes", d / "r.yaml"]),
+        **_sweep_inputs_of_issue_35(model, d),
     }
+
+
+def _sweep_inputs_of_issue_35(model: Path, d: Path) -> dict:
+    """Issue 35 items 5 and 6: each refused when the command line or the recipe is read, by the run and by its dry
+    run alike (one validation path), so every case comes twice."""
+    sweep = ["sweep", "--model", model, "--out", d / "out", "--prompts", "basic"]
+    keys, files_keys = str(d / "keys.yaml"), {"keys.yaml": yaml.safe_dump(RECIPES["keys"])}
+    mixed, files_mixed = str(d / "mixed.yaml"), {"mixed.yaml": yaml.safe_dump(RECIPES["mixed"])}
+
+    def recipe(text: str):
+        return {"r.yaml": text}, [*sweep, "--probes", d / "r.yaml"]
+
+    cases = {
+        "--seed beyond 2**32-1": (files_keys, [*sweep, "--probes", keys, "--seed", str(2**32)]),
+        "--seed -1": (files_keys, [*sweep, "--probes", keys, "--seed", "-1"]),
+        "--device tpu": (files_keys, [*sweep, "--probes", keys, "--device", "tpu"]),
+        "--out name longer than the file system allows": (files_keys, ["sweep", "--model", model, "--out",
+                                                                       d / ("x" * 300), "--probes", keys]),
+        "--redo unknown, beside a cached probe": (files_keys, [*sweep, "--probes", keys, "--redo", "keys2"]),
+        "martingale ks: [-1]": recipe("kind: martingale\nper_k: 2\nks: [-1]\n"),
+        "martingale ks beyond the tunnel's pairs": recipe("kind: martingale\ntunnel: bijection-cpu\nks: [1, 20]\n"),
+        "martingale n_draws: 1": recipe("kind: martingale\nper_k: 2\nn_draws: 1\n"),
+        "resample ablation with per_k: 1": ({}, [*sweep, "--probes", "interventions_onmanifold", "--set",
+                                                 "interventions_onmanifold.per_k=1"]),
+        "controls isotropic: -1": ({}, [*sweep, "--probes", "interventions", "--set",
+                                        "interventions.controls.isotropic=-1"]),
+        "controls bogus: 3": ({}, [*sweep, "--probes", "interventions", "--set", "interventions.controls.bogus=3"]),
+        "ops: [frobnicate]": ({}, [*sweep, "--probes", "interventions", "--set", "interventions.ops=[frobnicate]"]),
+        "interventions fit unknown": ({}, [*sweep, "--probes", "interventions", "--set", "interventions.fit=half"]),
+        "tunnel ops: [frobnicate]": recipe("kind: windtunnel\nops: [frobnicate]\n"),
+        "tunnel resample with 2 sequences": recipe("kind: windtunnel\nn_sequences: 2\nfolds: 2\n"
+                                                    "ops: [resample]\n"),
+        "tunnel folds beyond its sequences": recipe("kind: windtunnel\nn_sequences: 3\n"),
+        "axis folds beyond its prompts": ({}, [*sweep, "--probes", "axis", "--set", "axis.per_k=1", "axis.folds=6"]),
+        "decoding folds beyond its sequences": recipe("kind: decoding\ntunnel: bijection-cpu\nn_sequences: 4\n"),
+        "gaussian folds beyond its sequences": recipe("kind: gaussian\nn_sequences: 3\n"),
+        "lone surrogate in a prompts file": ({"p.jsonl": '{"text": "fine"}\n{"text": "a \\ud800 b"}\n',
+                                              **files_mixed},
+                                             [*sweep[:-2], "--prompts", d / "p.jsonl", "--probes", mixed]),
+    }
+    return {**cases, **{f"{case} (dry run)": (files, [*argv, "--dry-run"]) for case, (files, argv) in cases.items()}}
 
 
 def _model_cases(model: Path, d: Path) -> dict:
@@ -314,6 +356,7 @@ BAD_MODELS = list(_model_cases(Path("model"), Path("case")))
 
 def test_the_corpus_holds_the_cases_of_the_issue():
     assert len(BAD_INPUTS) + len(BAD_MODELS) >= 25
+    assert len(ISSUE_35) >= 20 and len(BAD_COMMANDS) >= 19  # issue 35, items 5 and 6
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -329,6 +372,93 @@ def test_bad_input_exits_2_with_one_sentence_and_creates_nothing(model, tmp_path
     code, text = _cli(argv, capsys)
     _assert_refused(code, text, case)
     assert _tree(d) == before, f"{case}: files changed: {sorted(set(_tree(d)) ^ set(before))}"
+
+
+ISSUE_35 = [case for case in _sweep_inputs_of_issue_35(Path("model"), Path("case")) if not case.endswith("(dry run)")]
+
+
+@pytest.mark.parametrize("case", ISSUE_35)
+def test_dry_run_refuses_with_the_runs_own_sentence(model, tmp_path, capsys, monkeypatch, case):
+    """One validation path: the dry run gives the run's error, not a stand-in (such as "found no activation set
+    to time")."""
+    d = tmp_path / "case"
+    cases = _sweep_inputs_of_issue_35(model, d)
+    d.mkdir()
+    for name, text in cases[case][0].items():
+        (d / name).write_text(text)
+    monkeypatch.chdir(d)
+    said = []
+    for variant in (case, f"{case} (dry run)"):
+        code, text = _cli(cases[variant][1], capsys)
+        _assert_refused(code, text, variant)
+        said.append([line for line in text.splitlines() if "error" in line.lower()])
+    assert said[0] == said[1], said
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _bad_commands(model: Path, run: Path, d: Path) -> dict:
+    """The other command lines (train, dynamics, results, compare, the example scripts): case -> (files to create
+    first, argv); an argv starting with a script of examples/ runs that script's main()."""
+    train = ["train", "bijection", "--preset", "tiny", "--quiet"]
+    return {
+        "train --steps -5": ({}, [*train, "--out", d / "t", "--steps", "-5"]),
+        "train --steps 0": ({}, [*train, "--out", d / "t", "--steps", "0"]),
+        "train --device tpu": ({}, [*train, "--out", d / "t", "--device", "tpu"]),
+        "train --seed -1": ({}, [*train, "--out", d / "t", "--seed", "-1"]),
+        "train --seed beyond 2**32-1": ({}, [*train, "--out", d / "t", "--seed", str(2**32)]),
+        "train --out ''": ({}, [*train, "--out", ""]),
+        "train --out name too long": ({}, [*train, "--out", d / ("t" * 300)]),
+        "train --out a file": ({"f.txt": "x"}, [*train, "--out", d / "f.txt"]),
+        "train into a non-empty --out": ({"t/checkpoints/step_000050/config.json": "{}"}, [*train, "--out", d / "t"]),
+        "results --out a folder": ({"dir/x.txt": ""}, ["results", run, "--out", d / "dir"]),
+        "compare --out a folder": ({"dir/x.txt": ""}, ["compare", run, "--out", d / "dir"]),
+        "dynamics --steps -5": ({}, ["dynamics", "--steps", "-5", "--out", d / "dyn.json"]),
+        "dynamics --record-every 0": ({}, ["dynamics", "--record-every", "0", "--out", d / "dyn.json"]),
+        "dynamics --seeds -1": ({}, ["dynamics", "--seeds", "-1", "--out", d / "dyn.json"]),
+        "dynamics --deep-device tpu": ({}, ["dynamics", "--deep", "--deep-device", "tpu", "--out", d / "dyn.json"]),
+        "p4b.py --out a file": ({"f.txt": "x"}, [EXAMPLES / "p4b.py", "--out", d / "f.txt"]),
+        "p4b.py --n-fit 0": ({}, [EXAMPLES / "p4b.py", "--out", d / "p", "--n-fit", "0"]),
+        "architecture_table.py --n -5": ({}, [EXAMPLES / "architecture_table.py", "--out", d / "a", "--n", "-5"]),
+        "geometry_table.py --seed -1": ({}, [EXAMPLES / "geometry_table.py", "--out", d / "g", "--seed", "-1"]),
+    }
+
+
+def _run_command(argv: list, capsys) -> tuple[int, str]:
+    if str(argv[0]).endswith(".py"):  # an example script, through its main()
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"example_{Path(argv[0]).stem}", argv[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        try:
+            code = module.main([str(a) for a in argv[1:]])
+        except SystemExit as err:
+            code = err.code
+        out = capsys.readouterr()
+        return code, out.out + out.err
+    return _cli(argv, capsys)
+
+
+BAD_COMMANDS = list(_bad_commands(Path("model"), Path("run"), Path("case")))
+
+
+@pytest.mark.parametrize("case", BAD_COMMANDS)
+def test_bad_command_exits_2_with_one_sentence_and_creates_nothing(model, clean, tmp_path, capsys, monkeypatch,
+                                                                   case):
+    d = tmp_path / "case"
+    files, argv = _bad_commands(model, clean, d)[case]
+    d.mkdir()
+    for name, text in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+    monkeypatch.chdir(d)
+    before, run_before = _tree(d), _tree(clean)
+    code, text = _run_command(argv, capsys)
+    _assert_refused(code, text, case)
+    assert _tree(d) == before, f"{case}: files changed: {sorted(set(_tree(d)) ^ set(before))}"
+    assert _tree(clean) == run_before
 
 
 @pytest.mark.parametrize("case", BAD_MODELS)
@@ -417,3 +547,35 @@ def test_dry_run_writes_nothing(model, tmp_path, capsys):
     assert code == 0, text
     assert "to compute" in text
     assert _tree(tmp_path) == before  # no run folder, no sula_task.json
+
+
+def test_dry_run_with_nothing_to_time_prints_the_plan_untimed(model, tmp_path, capsys):
+    """A fresh --out and probes with no activation set of the sweep's model (keys reads weights; a wind-tunnel
+    selection runs on the tunnel): the plan, untimed, exit 0, nothing written."""
+    recipes = _recipes(tmp_path / "recipes", names=("keys",))
+    before = _tree(tmp_path)
+    for probes in (recipes, ["martingale_windtunnel"]):
+        code, text = _cli(["sweep", "--model", model, "--out", tmp_path / "out", "--prompts", "basic", "--probes",
+                           *probes, "--dry-run"], capsys)
+        assert code == 0, text
+        name = Path(probes[0]).stem
+        assert f"{name:20s} probe of kind" in text and "to compute" in text
+        assert f"estimated time: none; not timed: {name}" in text, text
+    assert _tree(tmp_path) == before
+
+
+def test_train_refuses_a_non_empty_out_and_overwrite_empties_it(tmp_path, capsys):
+    """Issue 35 item 3: a second training into the folder of a first would leave the first's checkpoints beside
+    the new model."""
+    out = tmp_path / "tunnel"
+    stale = out / "checkpoints" / "step_000050" / "config.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    argv = ["train", "bijection", "--preset", "tiny", "--steps", "2", "--quiet", "--threads", "1", "--out", out]
+    code, text = _cli(argv, capsys)
+    _assert_refused(code, text, "train into a non-empty --out")
+    assert "--overwrite" in text and sorted(p.name for p in out.rglob("*")) == ["checkpoints", "config.json",
+                                                                                "step_000050"]
+    code, text = _cli([*argv, "--overwrite"], capsys)
+    assert code == 0, text
+    assert not stale.exists() and json.loads((out / "windtunnel.json").read_text())["step"] == 2

@@ -53,8 +53,8 @@ def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path)
     est = estimate(config, items, per_forward=0.5)
     assert est.seconds == {name: 0.5 * n for name, n in per_probe.items()} and set(est.source.values()) == \
         {"throughput"}
-    seconds, how = calibrate(config, items)
-    assert 0 < seconds < 60 and "ms per prompt" in how
+    seconds, how, load = calibrate(config, items)
+    assert 0 < seconds < 60 and "ms per prompt" in how and 0 < load < 60 and "to load the model" in how
     assert not (tmp_path / "runs").exists()  # the plan and the calibration wrote nothing
     run_sweep(config.override(probes=probes[:1]))  # an earlier run under --out records mixed's time
     other = config.override(seed=3)

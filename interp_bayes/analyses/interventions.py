@@ -53,6 +53,10 @@ class EditProtocol:
         unknown = sorted(set(self.controls) - set(CONTROL_FAMILIES))
         if unknown:
             raise ConfigError(f"Unknown control family {', '.join(unknown)}; families: {', '.join(CONTROL_FAMILIES)}.")
+        counts = {f: n for f, n in self.controls.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0}
+        if counts:
+            raise ConfigError(f"Control draws must be whole numbers of at least 0 (0: no such control), not "
+                              f"{', '.join(f'{f}: {n!r}' for f, n in counts.items())}.")
         bad = sorted(set(self.ops) - set(OPS + ONMANIFOLD_OPS))
         if bad:
             raise ConfigError(f"Unknown intervention {', '.join(bad)}; choose from {', '.join(OPS + ONMANIFOLD_OPS)}.")
@@ -176,7 +180,7 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     one forward (``prefix.edited_runs``); the same numbers as ``fast=False``, a whole forward pass per edit (bit for
     bit on CPU with MKL; the tests check 1e-5 relative on every model family and on SmolLM2).
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     from ..stats.pca import correlations
 
@@ -191,7 +195,8 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
                           strata=strata, donors=donors_within(strata, protocol.seed))
     plan, edits, drawn = plan_edits(model, axes, fit_values, protocol, **onmanifold)
 
-    with tqdm(total=len(edits) * len(prompts), desc="interventions", unit="prompt", disable=not progress) as bar:
+    with progress_bar(total=len(edits) * len(prompts), desc="interventions", unit="prompt",
+                      disable=not progress) as bar:
         base, *runs = edited_runs(model, prompts, edits, layers=layers, label_tokens=label_tokens,
                                   batch_size=batch_size, fast=fast, tick=bar.update)
     spread = {layer: float((as_float64(base.values[layer]) @ u).std()) for layer, u in true_dirs.items()}

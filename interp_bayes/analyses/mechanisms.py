@@ -133,7 +133,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
     (MAE for k >= 1, correlation with Bayes entropy, accuracy); without it, entropy and KL only (a prompt pool).
     Entropy is renormalised over ``label_tokens`` when given (``d_entropy``) and over the full vocabulary
     (``d_full_entropy``); every number is the change from the unedited model."""
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     from ..model.collect import collect
     from ..model.edits import AxisCut, intervene
@@ -163,7 +163,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
              dict(neurons=s)) for m, kind, draw, s in neuron_sets] + \
         [(m, kind, draw, intervene(model, {axis.layer: op}), {})
          for m, kind, draw, op in axis_edits]
-    for mechanism, kind, draw, context, extra in tqdm(plan, desc="mechanisms", disable=not progress):
+    for mechanism, kind, draw, context, extra in progress_bar(plan, desc="mechanisms", disable=not progress):
         edits.append(dict(mechanism=mechanism, kind=kind, draw=draw, **extra, **_measure(run(context), base, task)))
     baseline = dict(entropy=float(base.entropy.double().mean()))
     summary = []

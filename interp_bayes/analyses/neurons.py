@@ -261,7 +261,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     RMSNorm too, and a soft cap after it. Full hooked passes check that shortcut for the first neuron on the first
     batch, and every pass is a full one if it does not hold. Other layers rerun the whole model with the ablation
     hooked on ``hook_post``."""
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     idx = layer_index(layer, model.cfg.n_layers)
     last = idx == model.cfg.n_layers - 1
@@ -280,7 +280,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     n = len(token_ids)
     out = {int(j): {f"{cond}_{m}": np.zeros(n) for cond in ("total", "direct") for m in metrics} for j in neurons}
     head_only = last
-    bar = tqdm(total=len(neurons) * len(batches), desc="ablations", disable=not progress)
+    bar = progress_bar(total=len(neurons) * len(batches), desc="ablations", disable=not progress)
     with _quiet_scale_edits():
         head = _AffineHead(model, w_out, post) if last else None
         for step, (b, frozen) in enumerate(zip(batches, clean["scale_tensors"])):

@@ -128,7 +128,7 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
         progress: bool = True) -> P4bResult:
     """P4b on a trained wind-tunnel folder (see the module docstring); ``n_controls`` isotropic and as many
     variance-matched random subspaces per ablated subspace."""
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     folder = Path(folder)
     cfg, task, model = load_tunnel(folder, ("bijection",), "P4b")
@@ -158,7 +158,8 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
 
     decoding, ablations, all_rows = [], [], []
     n_sub = 3 + (1 if within_varies else 0) + (4 if frames else 0)
-    bar = tqdm(total=len(sites) * n_sub * (1 + 2 * n_controls), desc=f"p4b {folder.name}", disable=not progress)
+    bar = progress_bar(total=len(sites) * n_sub * (1 + 2 * n_controls), desc=f"p4b {folder.name}",
+                       disable=not progress)
     for label, site, layer in sites:
         x = readings[label]
         xq = as_float64(x)

@@ -114,7 +114,7 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
                       progress: bool = True) -> SubspaceAblationResult:
     """Cut / keep-only each subspace of ``fit_subspaces`` at ``site`` of each layer of a trained wind-tunnel folder,
     against equal-dimension isotropic and variance-matched random subspaces (see the module docstring)."""
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     from ..model.loading import load_model
     from ..windtunnel.configs import TrainConfig, make_task
@@ -143,7 +143,7 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
         x_every[layer], tokens = every_position(model, fit, layer, site)
         bases[layer] = fit_subspaces(as_float64(x_fit[layer]), post_fit, x_every[layer], tokens, hyp)
     total = sum(len(b) for b in bases.values()) * len(ops) * (1 + n_isotropic + n_matched)
-    bar = tqdm(total=total, desc=f"subspaces {task.name}", disable=not progress)
+    bar = progress_bar(total=total, desc=f"subspaces {task.name}", disable=not progress)
     for layer, named in bases.items():
         got_rows, got_summary = ablation_costs(lambda op, layer=layer: run({layer: op}), x_every[layer], named,
                                                (base_err, base_kl), layer=layer, ops=ops, n_isotropic=n_isotropic,

@@ -63,9 +63,11 @@ class Params:
         stage's key, so a checkpoint retrained in place is computed again. The default names none."""
         return {}
 
-    def check_layers(self, ctx, probe: str) -> None:
-        """Refuse, before the sweep writes anything, layers this recipe analyses but does not collect (ConfigError
-        naming ``probe``). A kind with a parameter naming an analysed layer overrides it; the default checks
+    def check(self, ctx, probe: str) -> None:
+        """Refuse what this recipe cannot run with in this sweep (ConfigError naming ``probe``), before the sweep
+        or its dry run writes or computes anything: what needs the context (the model's depth, the task's size),
+        e.g. layers it analyses but does not collect, ks beyond its task, more folds than its groups, or values
+        its field types cannot say. Reads configs and tokenizers at most, never weights. The default checks
         nothing."""
 
 

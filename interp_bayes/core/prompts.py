@@ -38,6 +38,11 @@ def _rows_to_dataset(rows: list[dict], origin: str):
     for i, row in enumerate(rows):
         if not isinstance(row.get("text"), str) or not row["text"]:
             raise PromptError(f"Line {i + 1} of {origin} has no 'text' string; every line needs one.")
+        try:
+            row["text"].encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate ("\ud800"): valid JSON, but no text a tokenizer takes
+            raise PromptError(f"Line {i + 1} of {origin} holds {row['text'][err.start]!r}, half of a UTF-16 pair, "
+                              "which is no character; write the whole pair or the character itself.") from None
     return Dataset.from_dict({c: [str(r.get(c, "unknown" if c == "domain" else origin)) for r in rows] for c in COLUMNS})
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -250,12 +251,14 @@ class Entry:
 
     @property
     def about(self) -> str:
-        """The first line of the kind's doc (else of its module's)."""
+        """The first sentence of the kind's doc (else of its module's), whole however many lines it spans."""
         doc = self.kind.doc if self.kind is not None else ""
         if not doc and self.kind is not None:
             doc = getattr(sys.modules.get(getattr(self.kind.run, "__module__", "")), "__doc__", "") or ""
-        lines = (doc or "").strip().splitlines()
-        return lines[0] if lines else "(no description)"
+        paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+        # a sentence ends at . ? or ! before a capital or an opening bracket ("et al. 2024" and "e.g. x" go on)
+        sentence = re.match(r"(.+?[.?!])(?=\s+[A-Z(`]|$)", paragraph)
+        return sentence.group(1) if sentence else paragraph or "(no description)"
 
 
 def catalog() -> list[Entry]:

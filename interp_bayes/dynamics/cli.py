@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.checks import count_arg, device_arg, out_file_arg, seed_arg
 from .deep import train_deep
 from .frames import FRAME_METRICS, PRECISION_METRICS, frame_precision_run, ratio_interval
 from .laws import law_check
@@ -17,22 +18,27 @@ from .sticky import PAPER_SEEDS, sticky_comparison
 
 def add_dynamics_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Flags of ``interp-bayes dynamics``; the defaults are the paper's protocol."""
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
-    parser.add_argument("--steps", type=int, default=1000, help="training steps per optimiser (single head)")
-    parser.add_argument("--T", type=int, default=2000, help="chain length")
-    parser.add_argument("--record-every", type=int, default=50, help="steps between value-manifold measurements")
-    parser.add_argument("--law-cases", type=int, default=200, help="random shapes for the gradient-law check")
+    parser.add_argument("--seeds", type=seed_arg, nargs="+", default=list(PAPER_SEEDS),
+                        help="seeds of the sticky-chain runs, one run per optimiser each (default: the paper's)")
+    parser.add_argument("--steps", type=count_arg(), default=1000, help="training steps per optimiser (single head)")
+    parser.add_argument("--T", type=count_arg(2), default=2000, help="chain length")
+    parser.add_argument("--record-every", type=count_arg(), default=50,
+                        help="steps between value-manifold measurements")
+    parser.add_argument("--law-cases", type=count_arg(), default=200, help="random shapes for the gradient-law check")
     parser.add_argument("--deep", action="store_true", help="also train the 4-layer variant (slow on CPU)")
-    parser.add_argument("--deep-steps", type=int, default=2000)
-    parser.add_argument("--deep-seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
-    parser.add_argument("--deep-device", default="cpu", help="device for the deep variant (cuda recommended)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--jobs", type=int, default=1, help="processes for the sticky seeds (one thread each)")
+    parser.add_argument("--deep-steps", type=count_arg(), default=2000,
+                        help="training steps of the 4-layer variant (with --deep)")
+    parser.add_argument("--deep-seeds", type=seed_arg, nargs="+", default=list(PAPER_SEEDS),
+                        help="seeds of the 4-layer variant, one run each (with --deep; default: the paper's)")
+    parser.add_argument("--deep-device", type=device_arg, default="cpu",
+                        help="device for the deep variant (cuda recommended)")
+    parser.add_argument("--threads", type=count_arg(), default=None, help="torch CPU threads")
+    parser.add_argument("--jobs", type=count_arg(), default=1, help="processes for the sticky seeds (one thread each)")
     parser.add_argument("--frames", type=Path, nargs="+", default=[],
                         help="wind-tunnel run folders (one per seed): frame-precision curves and dissociation ratio")
     parser.add_argument("--frames-only", action="store_true", help="skip the laws and the sticky chain")
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--out", type=out_file_arg, default=None, help="write the results as JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines (the tables are still printed)")
     return parser
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
-from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula
+from .common import SULA_LAYERS, check_folds, deconfounded, deconfounded_text, plan_sula, sula, sula_prompts
 from .icl import TARGETS
 
 
@@ -25,6 +25,9 @@ class AxisParams(Params):
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances: of the conditional axis and the statistics
     conditional: bool = True  # also fit the conditional axis (values and entropy residualised on the covariates)
     n_perm: int = 1000  # draws of the within-k permutation null
+
+    def check(self, ctx, probe: str) -> None:
+        check_folds(probe, self.folds, sula_prompts(self.per_k), "SULA prompts", "per_k")
 
 
 def run(ctx, p: AxisParams) -> Result:

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from ..core.errors import CacheError
+from ..core.errors import CacheError, ConfigError
 from ..core.results import Row, find
 from ..core.store import read_json, warn, write_json
 
@@ -49,6 +49,21 @@ def sula_task(ctx, per_k: int):
     task = SULATask(labels=tuple(saved["labels"]), remap_labels=tuple(saved["remap_labels"]), per_k=per_k,
                     fixed_carriers=tuple(saved["fixed_carriers"]))
     return task, saved["ids"]
+
+
+def sula_prompts(per_k: int) -> int:
+    """How many prompts (each its own group) a SULA condition of ``per_k`` prompts per k holds."""
+    from ..tasks.icl import SULATask
+
+    return per_k * len(SULATask.ks)
+
+
+def check_folds(probe: str, folds: int, n_groups: int, groups: str, fix: str) -> None:
+    """Refuse, before anything is collected, more cross-fitting folds than independent groups (``groups``: what
+    they are, e.g. "sequences"; ``fix``: the parameter that makes more of them)."""
+    if folds > n_groups:
+        raise ConfigError(f"Probe '{probe}' splits its {n_groups} {groups} into {folds} folds, and a fold needs at "
+                          f"least one; use at most {n_groups} folds or raise {fix}.")
 
 
 def sula_request(ctx, condition: str, per_k: int, seed: int, layers) -> dict:

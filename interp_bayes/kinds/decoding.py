@@ -20,7 +20,7 @@ import numpy as np
 from ..core.results import Row, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Result
-from .common import recipe_nuisances, sula, sula_groups
+from .common import check_folds, recipe_nuisances, sula, sula_groups, sula_prompts
 from .windtunnel import TunnelParams
 
 
@@ -36,6 +36,12 @@ class DecodingParams(TunnelParams):
     folds: int = 5
     n_null: int = 20  # shuffled-target decoders of the null
     n_boot: int = 1000
+
+    def check(self, ctx, probe: str) -> None:
+        if self.tunnel is None:
+            check_folds(probe, self.folds, sula_prompts(self.per_k), "SULA prompts", "per_k")
+        else:
+            check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
 
 
 TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))

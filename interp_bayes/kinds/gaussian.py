@@ -20,6 +20,7 @@ from ..core.errors import ConfigError
 from ..core.plugin import Figure, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, select
+from .common import check_folds
 from .windtunnel import TunnelParams
 
 
@@ -51,6 +52,9 @@ class GaussianParams(TunnelParams):
             raise ConfigError(f"The gaussian kind reads one-dimensional Gaussian beliefs; {self.tunnel} is a Kalman "
                               "tunnel of a larger state; name kalman-cpu (or a folder trained with state_dim 1).")
         return folders
+
+    def check(self, ctx, probe: str) -> None:
+        check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
 
 
 def _task_data(ctx, p: GaussianParams) -> dict:

@@ -34,7 +34,7 @@ class ICLParams(Params):
     #                                                           indicator per value; length: a spline basis)
     n_perm: int = 1000  # draws of the within-k permutation null
 
-    def check_layers(self, ctx, probe: str) -> None:
+    def check(self, ctx, probe: str) -> None:
         if len(ctx.layers(self.at)) != 1:
             raise ConfigError(f"Parameter 'at' of probe '{probe}' names one layer (e.g. -1, 'last' or 'middle'), "
                               f"not {self.at!r}.")

@@ -40,8 +40,26 @@ class InterventionsParams(Params):
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded baseline geometry
     n_perm: int = 1000
 
-    def check_layers(self, ctx, probe: str) -> None:
+    def check(self, ctx, probe: str) -> None:
         check_recipe_layers(ctx, probe, self.layers, {f"layer_sets[{i}]": s for i, s in enumerate(self.layer_sets)})
+        check_protocol(probe, self, n_eval=self.per_k - self.per_k // 2, unit="prompts of each k", count="per_k")
+
+
+def check_protocol(probe: str, p, *, n_eval: int, unit: str, count: str) -> None:
+    """Refuse an edit protocol the run would refuse (unknown ops or control families, negative draws: the
+    ``EditProtocol``'s own checks), an unknown ``fit``, and a resample ablation with fewer than two evaluation
+    ``unit`` (``n_eval``: a prompt needs a donor of its own stratum), in one sentence naming ``probe``."""
+    from ..analyses.interventions import EditProtocol
+
+    if p.fit not in ("cross", "in_sample"):
+        raise ConfigError(f"Parameter 'fit' of probe '{probe}' must be 'cross' or 'in_sample', not {p.fit!r}.")
+    try:
+        EditProtocol((), p.ops, p.controls)
+    except ConfigError as err:
+        raise ConfigError(f"Probe '{probe}': {err}") from None
+    if "resample" in p.ops and n_eval < 2:
+        raise ConfigError(f"Probe '{probe}' resamples each evaluation prompt from another of its stratum, and its "
+                          f"{count} leaves {n_eval} evaluation {unit}; raise {count} (the evaluation half needs two).")
 
 
 def split_by_k(k, seed: int) -> tuple[list[int], list[int]]:
@@ -127,8 +145,6 @@ def run(ctx, p: InterventionsParams) -> Result:
     from ..analyses.interventions import EditProtocol
     from ..stats.confounds import nuisance_columns
 
-    if p.fit not in ("cross", "in_sample"):
-        raise ConfigError(f"fit must be 'cross' or 'in_sample', not {p.fit!r}.")
     edits = EditProtocol(layer_sets(ctx, p.layer_sets), p.ops, p.controls, ctx.config.seed)
     acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
     fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
+from ..core.errors import ConfigError
 from ..core.results import Row, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Result
@@ -25,13 +26,30 @@ class MartingaleParams(TunnelParams):
     per_k: int = 20  # contexts per k
     ks: tuple[int, ...] = (1, 2, 4, 8)  # k of the contexts (SULA: any; those beyond 0, 1, 2, 4, 8 drawn after them)
     n_perms: int = 6  # orders of each context
-    n_draws: int = 4  # draws of the model's own next example (>= 2: the null is built from their spread)
+    # draws of the model's own next example (the null is built from their spread: at least 2)
+    n_draws: int = field(default=4, metadata={"least": 2})
     n_null: int = 100  # Monte-Carlo draws of the exact predictor's gap (the reference)
     n_boot: int = 1000
     seed: int = 42
     # m > 0: also the predictor averaged over m orderings of the same examples (Chlon et al.); 0: per order only
     orderings: int = field(default=0, metadata={"least": 0})
     order_seed: int = 0  # the orderings' seed
+
+    def check(self, ctx, probe: str) -> None:
+        """Every k a count of examples the task can show before its query (a bijection tunnel: below its pairs)."""
+        most = None
+        if self.tunnel is not None:
+            from .windtunnel import checkpoint_folder, task_of
+
+            folder = checkpoint_folder(self.tunnel)
+            if (folder / "windtunnel.json").is_file():  # (a folder that is no checkpoint is the run's to refuse)
+                n_pairs = getattr(task_of(folder), "n_pairs", None)
+                most = None if n_pairs is None else n_pairs - 1
+        bad = [k for k in self.ks if k < 1 or (most is not None and k > most)]
+        if bad or not self.ks:
+            span = f"from 1 to {most} ({self.tunnel} shows {most + 1} pairs)" if most is not None else "at least 1"
+            raise ConfigError(f"Parameter 'ks' of probe '{probe}' lists examples before the query, each {span}, "
+                              f"not {list(self.ks)}.")
 
 
 def run(ctx, p: MartingaleParams) -> Result:

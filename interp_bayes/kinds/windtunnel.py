@@ -14,9 +14,10 @@ import numpy as np
 from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Figure, Kind, Line, Params, Result
-from .common import deconfounded, deconfounded_text, manifold_rows, pct
+from .common import check_folds, deconfounded, deconfounded_text, manifold_rows, pct
 from .icl import calibration_rows
-from .interventions import ProtocolPrompts, effects_figure, per_k_figure, protocol, split_by_group, summary_lines
+from .interventions import (ProtocolPrompts, check_protocol, effects_figure, per_k_figure, protocol, split_by_group,
+                            summary_lines)
 
 WINDTUNNELS_DIR = Path(__file__).resolve().parent.parent / "windtunnel" / "checkpoints"
 
@@ -97,6 +98,12 @@ class WindtunnelParams(TunnelParams):
     covariates: tuple[str, ...] = ("position",)  # the query position: the bijection's exact entropy is a function of it
     axis_control: tuple[str, ...] = ()  # covariates of a conditional axis for the interventions; () = plain axis
     n_perm: int = 1000
+
+    def check(self, ctx, probe: str) -> None:
+        check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
+        # the evaluation half's sequences (``split_by_group``): a resampled prompt's donor is at its position
+        check_protocol(probe, self, n_eval=self.n_sequences - self.n_sequences // 2, unit="sequences",
+                       count="n_sequences")
 
 
 def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int]], dict]:

@@ -325,7 +325,7 @@ def collect(
     attention output projection and MLP (``final_position_tail``; hooks of the caller on those see the final
     position only).
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     unknown = set(readings) - set(REDUCTIONS)
     if unknown:
@@ -345,7 +345,7 @@ def collect(
     label_logprobs = torch.empty(n, len(labels)) if labels is not None else None
     logprobs = None
     current: dict[tuple[str, int], torch.Tensor] = {}
-    bar = tqdm(total=n, desc="collect", unit="prompt", disable=not progress)
+    bar = progress_bar(total=n, desc="collect", unit="prompt", disable=not progress)
     with model.hooks(fwd_hooks=reading_hooks(readings, layer_idx, current) + final_position_tail(model)):
         for idx in length_batches(token_ids, batch_size):
             check_stop()

@@ -328,8 +328,10 @@ def report_main(args: argparse.Namespace) -> int:
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Flags of ``interp-bayes compare RUN [RUN ...] --out FILE``."""
+    from ..core.checks import out_file_arg
+
     parser.add_argument("runs", type=Path, nargs="+", help="run folders to compare, one per model")
-    parser.add_argument("--out", type=Path, required=True, help="HTML file to write")
+    parser.add_argument("--out", type=out_file_arg, required=True, help="HTML file to write")
     return parser
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from ..core.checks import device_problem, path_problem, refuse, seed_problem
 from ..core.errors import ConfigError
 from ..core.plugin import is_int
 from ..core.store import parse_yaml, read_yaml
@@ -50,6 +51,7 @@ class SweepConfig:
         for name in ("model", "out", "prompts"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise bad(name, "a non-empty string")
+        refuse(path_problem(self.out, folder=True), "Config key 'out' (--out)", self.out)
         if self.revision is not None and not isinstance(self.revision, str):
             raise bad("revision", "a string (branch, tag or commit)")
         if isinstance(self.layers, int) and not isinstance(self.layers, bool):
@@ -57,15 +59,16 @@ class SweepConfig:
         if not isinstance(self.layers, (list, tuple)) or not self.layers or not all(is_int(x) for x in self.layers):
             raise bad("layers", "a non-empty list of layer indices (e.g. [-1] or [6, 12])")
         self.layers = [int(x) for x in self.layers]
-        if not is_int(self.seed):
-            raise bad("seed", "an integer")
+        refuse(seed_problem(self.seed), "Config key 'seed' (--seed)", self.seed)
         if self.dtype not in (None, *DTYPES):
             raise bad("dtype", f"one of {', '.join(DTYPES)} (or null for the size-based default)")
         for name in ("batch_size", "threads"):
             if getattr(self, name) is not None and (not is_int(getattr(self, name)) or getattr(self, name) < 1):
                 raise bad(name, "a positive integer (or null for the default)")
-        if self.device is not None and not isinstance(self.device, str):
-            raise bad("device", "a device name such as cpu or cuda:0")
+        if self.device is not None:
+            # any device torch names: a config may run elsewhere (a grid's workers); `sweep --device` checks here
+            refuse(device_problem(self.device, here=False) if isinstance(self.device, str) else "a device name",
+                   "Config key 'device' (--device)", self.device)
         if not isinstance(self.quiet, bool):
             raise bad("quiet", "true or false")
         if not isinstance(self.allow_pickle, bool):

@@ -289,9 +289,9 @@ def _model_size(cell: Cell) -> tuple[int, int] | tuple[None, None]:
 
 
 def _bar(total: int, quiet: bool):
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
-    return tqdm(total=total, desc="grid", unit="cell", disable=quiet, file=sys.stderr)
+    return progress_bar(total=total, desc="grid", unit="cell", disable=quiet, file=sys.stderr)
 
 
 def _run_local(cells: list[Cell], folders: list[Path], logs: list[Path], quiet: bool) -> list[CellResult]:

@@ -10,7 +10,8 @@ rebuilt, so an interrupted run has a report of what finished.
 A recipe is YAML (``probes/*.yaml`` or a path): ``kind`` picks the probe kind (``interp_bayes.kinds``), the other
 keys are its parameters, checked against the kind's parameter dataclass. A recipe's ``layers:`` are the layers it
 collects (the sweep's ``layers`` serve the probes that name none); a kind whose params name the layers it analyses
-(icl's ``at:``, interventions' ``layer_sets:``) checks them against those in ``check_layers``, before the first write.
+(icl's ``at:``, interventions' ``layer_sets:``) checks them against those in ``Params.check``, which the run and its
+dry run call alike (``check_probes``) before the first write.
 """
 
 from __future__ import annotations
@@ -326,12 +327,17 @@ def load_probes(config: SweepConfig) -> list[Probe]:
     return probes
 
 
-def check_layers(ctx: Context, probes: list[Probe]) -> None:
-    """Refuse the sweep's ``layers`` outside its model, and each recipe whose layers do not fit (its params'
-    ``check_layers``, e.g. an analysed layer it does not collect); ConfigError."""
+def check_probes(ctx: Context, probes: list[Probe], redo: Sequence[str] = ()) -> None:
+    """The one validation of a sweep, for the run and its dry run alike, before either writes or computes anything
+    (ConfigError): ``redo`` names probes of the sweep, the sweep's ``layers`` lie in its model, and each recipe fits
+    this sweep (its params' ``check``: layers it analyses but does not collect, ks beyond its task, ...)."""
+    unknown = sorted(set(redo) - {p.name for p in probes})
+    if unknown:
+        raise ConfigError(f"--redo names {', '.join(unknown)}, which are not probes of this sweep; probes: "
+                          f"{', '.join(p.name for p in probes)}.")
     ctx.layers(None)
     for probe in probes:
-        probe.params.check_layers(ctx, probe.name)
+        probe.params.check(ctx, probe.name)
 
 
 def stage_problem(folder: Path, key: str) -> str | None:
@@ -348,16 +354,17 @@ def stage_problem(folder: Path, key: str) -> str | None:
     return None
 
 
-def plan_sweep(config: SweepConfig) -> list[PlanItem]:
+def plan_sweep(config: SweepConfig, redo: Sequence[str] = ()) -> list[PlanItem]:
     """What ``run_sweep`` would do: per probe, cached or not, and the activation sets and forward passes the rest
-    needs (``--dry-run``). Loads the tokenizer and config, never the weights, and writes nothing."""
+    needs (``--dry-run``). Refuses what the run refuses (``check_probes``); loads the tokenizer and config, never
+    the weights, and writes nothing."""
+    probes = load_probes(config)
     folder = run_folder(config)
     ctx = Context(folder, config, lambda *_: None, dry_run=True)
-    probes = load_probes(config)
-    check_layers(ctx, probes)  # refused here as in a run
+    check_probes(ctx, probes, redo)
     items, owner = [], {}
     for probe in probes:
-        problem = stage_problem(folder / "probes" / probe.name, probe.key())
+        problem = "" if probe.name in redo else stage_problem(folder / "probes" / probe.name, probe.key())
         what = f"probe of kind {probe.kind.name}" + (f" (damaged cache, recomputed: {problem})" if problem else "")
         items.append(PlanItem(probe.name, what, problem is None))
         if problem is None:
@@ -375,22 +382,24 @@ def plan_sweep(config: SweepConfig) -> list[PlanItem]:
 
 @dataclass
 class Estimate:
-    """A dry run's time estimate: per probe, seconds and where they come from."""
+    """A dry run's time estimate: per probe, seconds and where they come from (a probe with neither is untimed)."""
 
     seconds: dict[str, float]
     source: dict[str, str]  # probe -> "recorded" (an earlier run under --out) or "throughput"
     per_forward: float | None  # seconds per prompt forward of the sweep's model, measured now
     calibration: str = ""
+    load: float = 0.0  # seconds to load the sweep's model, measured now: paid once by the probes timed from it
 
     @property
     def total(self) -> float:
-        return sum(self.seconds.values())
+        return sum(self.seconds.values()) + (self.load if "throughput" in self.source.values() else 0.0)
 
 
-def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str]:
-    """Seconds per prompt forward of the sweep's model on this machine: a short forward (after a warm-up) of the
-    first prompts of the activation set that needs the most forwards, batched as a sweep batches them; nothing is
-    written."""
+def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, float] | None:
+    """(seconds per prompt forward of the sweep's model on this machine, how it was timed, seconds to load the
+    model): a short forward (after a warm-up) of the first prompts of the activation set that needs the most
+    forwards, batched as a sweep batches them; nothing is written. None when no set of the sweep's model needs
+    collecting (nothing to time)."""
     import torch
 
     from ..model.collect import collect
@@ -398,12 +407,14 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str]:
 
     sets = [i for i in items if i.sample and not i.model]
     if not sets:
-        raise ConfigError("The dry run found no activation set of the sweep's model to time; run the sweep once, "
-                          "so that later dry runs read the probes' times from its folder.")
+        return None
     big = max(sets, key=lambda i: i.forwards)
     if config.threads:
         torch.set_num_threads(config.threads)
-    model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision)
+    t = time.perf_counter()
+    model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision,
+                       allow_pickle=config.allow_pickle)
+    load = time.perf_counter() - t
     ids = big.sample
     collect(model, ids[:2], progress=False)  # warm-up
     t = time.perf_counter()
@@ -411,14 +422,14 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str]:
     seconds = (time.perf_counter() - t) / len(ids)
     mean_len = sum(map(len, ids)) / len(ids)
     return seconds, (f"{seconds * 1000:.0f} ms per prompt, timed on {len(ids)} prompts of {big.what.split(':')[0]} "
-                     f"(mean {mean_len:.0f} tokens)")
+                     f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load
 
 
 def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | None = None,
-             calibration: str = "") -> Estimate:
+             calibration: str = "", load: float = 0.0) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
     ``--out`` (its stage.json), else its prompt forwards on the sweep's model times ``per_forward`` (wind-tunnel
-    forwards, on models of a few thousand parameters, count as nothing)."""
+    forwards, on models of a few thousand parameters, count as nothing); without either, a probe is untimed."""
     folder = run_folder(config)
     probes = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
     seconds, source = {}, {}
@@ -429,7 +440,7 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
         elif per_forward is not None:
             forwards = sum(i.forwards for i in items if i.probe == probe.probe and not i.model)
             seconds[probe.probe], source[probe.probe] = forwards * per_forward, "throughput"
-    return Estimate(seconds, source, per_forward, calibration)
+    return Estimate(seconds, source, per_forward, calibration, load)
 
 
 def _create(folder: Path) -> Path | None:
@@ -475,15 +486,11 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     import torch
 
     probes = load_probes(config)
-    unknown = sorted(set(redo) - {p.name for p in probes})
-    if unknown:
-        raise ConfigError(f"--redo names {', '.join(unknown)}, which are not probes of this sweep; probes: "
-                          f"{', '.join(p.name for p in probes)}.")
     folder = run_folder(config)
     run = Run(folder, config)
     say = (lambda *_: None) if config.quiet else print
     ctx = Context(folder, config, say, model)
-    check_layers(ctx, probes)  # before anything is written
+    check_probes(ctx, probes, redo)  # before anything is written
     created = _create(folder)
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
     finished = 0

@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, Mamba2Config
 
+from ..core.checks import count_problem, refuse, seed_problem
 from ..core.errors import ConfigError
 from ..tasks.bijection import BijectionTask
 from ..tasks.hmm import HMMTask
@@ -90,6 +91,8 @@ class TrainConfig:
         if cfg.data_workers < 0:
             raise ConfigError(f"data_workers={cfg.data_workers}: give 0 (draw batches in the training process) or a "
                               "positive number of worker processes.")
+        refuse(count_problem(cfg.steps), "The training's steps (--steps)", cfg.steps)
+        refuse(seed_problem(cfg.seed), "The training's seed (--seed)", cfg.seed)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:

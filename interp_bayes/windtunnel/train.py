@@ -1,7 +1,7 @@
 """Training loop for wind-tunnel models, the same for every task (its loss, held-out metrics and evaluation come
 from its entry of ``table.TASK_TABLE``): fresh batches every step (optionally a curriculum over lengths or task
 variants), AdamW with transformers' warm-up + cosine schedule, clipping, checkpoints on a dense-early schedule (each
-a loadable HF folder), a tqdm bar and a JSONL metrics log (wall and CPU time).
+a loadable HF folder), a progress bar and a JSONL metrics log (wall and CPU time).
 
 Output folder::
 
@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing
+import shutil
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -26,9 +27,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from ..core.checks import count_arg, device_arg, device_problem, out_folder_arg, refuse, seed_arg
+from ..core.errors import ConfigError
+from ..core.progress import progress_bar
 from ..core.store import atomic_write_text
 from ..core.stop import check_stop
 from ..tasks.base import from_worker, sample_in_worker
@@ -169,7 +172,7 @@ def fit(model: nn.Module, cfg: TrainConfig, task: Any, out: Path, *, sample: Cal
     opt, sched = make_optimizer(model, cfg)
     ckpts = set(cfg.checkpoint_steps())
     start, cpu_start = time.perf_counter(), time.process_time()
-    bar = tqdm(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
+    bar = progress_bar(range(cfg.steps), disable=quiet, desc=f"{cfg.task}/{cfg.arch}")
     with contextlib.closing(batches(cfg, sample, draw)) as stream, (out / "metrics.jsonl").open("w") as log:
         for step in bar:
             check_stop()
@@ -227,6 +230,7 @@ def train_windtunnel(
     seed: int = 0,
     device: str | None = None,
     quiet: bool = False,
+    overwrite: bool = False,
     **overrides: Any,
 ) -> Path:
     """Train a wind-tunnel model on ``task`` (a name of the task table) with one of its presets (``PRESETS``:
@@ -234,10 +238,18 @@ def train_windtunnel(
 
     ``overrides`` replace TrainConfig fields (``arch="mlp"`` trains the capacity-matched baseline). Returns the
     output folder, which holds the final model, its checkpoints and the metrics log. ``device`` defaults to CUDA
-    when available; the saved folders hold float32 weights either way.
+    when available; the saved folders hold float32 weights either way. A non-empty ``out`` is refused (its
+    checkpoints would sit beside the new model's) unless ``overwrite``, which empties it first.
     """
     cfg = make_config(task, preset, seed=seed, **overrides)
+    if device is not None:
+        refuse(device_problem(device), "The training's device (--device)", device)
     out = Path(out)
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"{out} is not empty (an earlier training's files would mix with this one's); pass "
+                              "--overwrite (overwrite=True) to empty it first, or choose another --out.")
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     the_task = make_task(cfg)
@@ -257,13 +269,16 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", choices=sorted(PRESETS), help="wind-tunnel task")
     parser.add_argument("--preset", default="cpu",
                         help="; ".join(f"{task}: {' | '.join(presets)}" for task, presets in sorted(PRESETS.items())))
-    parser.add_argument("--out", required=True, help="output folder (model, checkpoints, metrics.jsonl)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=out_folder_arg, required=True,
+                        help="output folder (model, checkpoints, metrics.jsonl); must be empty or new")
+    parser.add_argument("--overwrite", action="store_true", help="empty a non-empty --out first")
+    parser.add_argument("--seed", type=seed_arg, default=0,
+                        help="seed of the initial weights and of every training and evaluation batch (default 0)")
     parser.add_argument("--arch", choices=ARCHS, default="transformer",
                         help="model family; all but the transformer are matched to its parameter count")
-    parser.add_argument("--steps", type=int, default=None, help="override the preset's step count")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--steps", type=count_arg(), default=None, help="override the preset's step count")
+    parser.add_argument("--device", type=device_arg, default=None, help="cpu | cuda (default: cuda when available)")
+    parser.add_argument("--threads", type=count_arg(), default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -271,9 +286,9 @@ def run_train(args: argparse.Namespace) -> int:
     """Run a training from parsed ``add_train_args`` arguments; returns an exit status."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps else {})
+    overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps is not None else {})
     train_windtunnel(args.task, preset=args.preset, out=args.out, seed=args.seed, device=args.device,
-                     quiet=args.quiet, **overrides)
+                     quiet=args.quiet, overwrite=args.overwrite, **overrides)
     return 0
 
 
