@@ -15,7 +15,7 @@ Nothing here knows a model, a prompt or a probe: arrays in, numbers out.
 from .arrays import CONSTANT_RTOL, as_float64, is_constant, snap
 from .crossfit import ALPHAS, COVARIATE_SCALE, RidgeBasis, RidgeFit, cross_fitted_ridge, fit_ridge, group_folds, r2
 from .deconfound import KINDS, Deconfounded, corr_columns, deconfounded_correlation
-from .permutation import donors_within, group_permutations, p_value, permutations, significant
+from .permutation import donors_within, group_permutations, holm, p_value, permutations, significant
 from .regression import (MAX_LEVELS, SPLINE_KNOTS, STRATUM_SIZE, centre_within, covariate_basis, fine_strata,
     residual_confounding, residualize)
 from .resample import (CI_LEVEL, bootstrap, bootstrap_mean_draws, bootstrap_means, bootstrap_pearson, bootstrap_r2,
@@ -28,7 +28,7 @@ __all__ = [
     "VERDICTS", "Decision", "Deconfounded", "RidgeBasis", "RidgeFit", "as_float64", "beyond", "bootstrap",
     "bootstrap_mean_draws", "bootstrap_means", "bootstrap_pearson", "bootstrap_r2", "bootstrap_ratio", "bounds",
     "centre_within", "claim", "corr_columns", "covariate_basis", "cross_fitted_ridge", "deconfounded_correlation",
-    "donors_within", "fine_strata", "fit_ridge", "group_folds", "group_ids", "group_permutations", "interval",
+    "donors_within", "fine_strata", "fit_ridge", "group_folds", "group_ids", "group_permutations", "holm", "interval",
     "is_constant", "p_value", "percentile_of", "permutations", "r2", "resample_counts", "resampled_sums",
     "residual_confounding", "residualize", "sequential_rate", "sequential_test", "sequential_tests", "significant",
     "snap",
