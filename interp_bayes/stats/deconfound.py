@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 from ..core.errors import ConfigError
-from .arrays import CONSTANT_RTOL, as_float64, snap
+from .arrays import CONSTANT_RTOL, as_float64, ranks, snap
 from .permutation import p_value, permutations
 from .regression import centre_within, residual_confounding, residualize
 from .resample import interval
@@ -87,8 +86,8 @@ def deconfounded_correlation(x, y, covariates: np.ndarray, strata, *, covariate_
     plain = permutations(len(x), n_perm, rng)
     values, null, p, p_plain, between = {}, {}, {}, {}, {}
     for stat in ("pearson", "spearman"):
-        xs = sps.rankdata(x) if stat == "spearman" else x
-        ys = sps.rankdata(y) if stat == "spearman" else y
+        xs = ranks(x) if stat == "spearman" else x
+        ys = ranks(y) if stat == "spearman" else y
         y_all = np.column_stack([ys, ys[perms].T])  # [n, 1 + n_perm]: observed, then permuted within strata
         x_partial, y_partial = residualize(xs, cov_train=cov), residualize(y_all, cov_train=cov)
         within = centre_within(np.column_stack([xs, y_all]), strata)
