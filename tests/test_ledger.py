@@ -23,9 +23,9 @@ def row(value, null=None, interval=None, note=None, metric="m", **scope):
 
 
 def test_vocabulary_is_fixed_with_a_symbol_and_colour_each():
-    assert L.VERDICTS == ("holds", "holds weakly", "does not hold", "inseparable", "not testable here")
+    assert L.VERDICTS == ("holds", "holds weakly", "does not hold", "inseparable", "borderline", "not testable here")
     assert set(views.STYLE) == set(L.VERDICTS)
-    assert len({s for s, _, _ in views.STYLE.values()}) == 5 and len({c for _, c, _ in views.STYLE.values()}) == 5
+    assert len({s for s, _, _ in views.STYLE.values()}) == 6 and len({c for _, c, _ in views.STYLE.values()}) == 6
 
 
 def test_beyond_null_on_planted_rows():
