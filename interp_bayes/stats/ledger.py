@@ -25,7 +25,7 @@ POWER = 0.8  # the power at which a non-rejection's detectable effect is stated
 
 # stats.claim's vocabulary in the ledger's: a claim that a quantity tracks another
 _DECONFOUNDED = {"survives": HOLDS, "weakens": WEAK, "appears only within strata": WEAK, "inseparable": INSEPARABLE,
-                 "vanishes": FAILS, "no raw effect": FAILS, "reverses within strata": FAILS}
+                 "vanishes": FAILS, "no raw effect": FAILS, "reverses within strata": FAILS, "borderline": BORDERLINE}
 
 
 def _finite(x) -> bool:

@@ -119,21 +119,21 @@ def rate_interval(n, s, level: float = CI_LEVEL) -> tuple[np.ndarray, np.ndarray
     return ends[0], ends[1]
 
 
-def _validate(alpha: float, epsilon: float, batch: int, cap: int) -> None:
-    if not (0 < alpha < 1 and 0 < epsilon < 1):
+def _validate(alpha, epsilon: float, batch: int, cap: int) -> None:
+    if not (np.all((0 < np.asarray(alpha)) & (np.asarray(alpha) < 1)) and 0 < epsilon < 1):
         raise ConfigError(f"alpha and epsilon must lie strictly between 0 and 1 (got {alpha} and {epsilon}).")
     if batch < 1 or cap < batch:
         raise ConfigError(f"A sequential test needs a batch of at least 1 draw and a cap of at least one batch (got "
                           f"batch {batch}, cap {cap}).")
 
 
-def _run(count: Callable[[int], tuple[np.ndarray, np.ndarray]], tails: int, alpha: float, epsilon: float,
+def _run(count: Callable[[int], tuple[np.ndarray, np.ndarray]], tails: int, alpha, epsilon: float,
          batch: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sequential loop. ``count(b)`` -> ([tails, m] exceedances, [m] finite draws) among b new draws. Each
     tail is held to alpha / tails with risk epsilon / tails; a column rejects once one tail is settled below its
     level and accepts once all are settled above. Returns (decision codes [m]: -1 reject, +1 accept, 0 open,
     exceedances [tails, m] and draws [m] at each column's stop)."""
-    level, risk = alpha / tails, epsilon / tails
+    level, risk = np.asarray(alpha, dtype=np.float64) / tails, epsilon / tails  # a level per column, or one
     s, n = count(min(batch, cap))
     total = min(batch, cap)
     code = np.zeros(n.shape, dtype=np.int64)
@@ -154,13 +154,14 @@ def _run(count: Callable[[int], tuple[np.ndarray, np.ndarray]], tails: int, alph
     return code, s_stop, n_stop
 
 
-def _decisions(code, s, n, alpha: float, epsilon: float, nulls=None) -> list[Decision]:
+def _decisions(code, s, n, alpha, epsilon: float, nulls=None) -> list[Decision]:
     tails = len(s)
+    alpha = np.broadcast_to(np.asarray(alpha, dtype=np.float64), n.shape)
     low, high = rate_interval(n[None, :], s, 1 - (1 - CI_LEVEL) / tails)  # Bonferroni over the tails
     p = np.minimum(1.0, tails * (1 + s.min(0)) / (1 + n))
     words = {-1: REJECT, 1: ACCEPT, 0: UNDECIDED}
     return [Decision(words[int(c)], float(p[j]), float(min(1.0, tails * low[:, j].min())),
-                     float(min(1.0, tails * high[:, j].min())), int(n[j]), alpha, epsilon,
+                     float(min(1.0, tails * high[:, j].min())), int(n[j]), float(alpha[j]), epsilon,
                      tuple(nulls[j]) if nulls is not None else (float("nan"), float("nan")))
             for j, c in enumerate(code)]
 
@@ -178,11 +179,12 @@ def sequential_rate(draw: Callable[[int], np.ndarray], level: float, *, epsilon:
     return _decisions(*_run(count, 1, level, epsilon, batch, cap), level, epsilon)
 
 
-def sequential_tests(draw: Callable[[int], np.ndarray], observed, *, alpha: float = ALPHA,
+def sequential_tests(draw: Callable[[int], np.ndarray], observed, *, alpha=ALPHA,
                      alternative: str = "two-sided", epsilon: float = EPSILON, batch: int = BATCH,
                      cap: int = CAP) -> list[Decision]:
     """Monte-Carlo tests of ``observed`` ([m] or a number) against null statistics from ``draw(b)`` ([b, m] or
-    [b]): one ``Decision`` per column, each stopped on its own. ``alternative``: "greater" (the observation in the
+    [b]): one ``Decision`` per column, each stopped on its own at its ``alpha`` (one level, or one per column).
+    ``alternative``: "greater" (the observation in the
     upper tail), "less", or "two-sided" (equal-tailed, each tail at alpha / 2, as ``permutation.p_value``). Draws
     within ``TIE_TOL`` of the observation count as at least as extreme on both sides; NaN draws are left out."""
     if alternative not in ALTERNATIVES:
@@ -205,7 +207,7 @@ def sequential_tests(draw: Callable[[int], np.ndarray], observed, *, alpha: floa
     nulls = [interval(draws[:, j][np.isfinite(draws[:, j])][:int(n[j])]) for j in range(m)]
     # a non-finite observation cannot be placed: undecided at p NaN
     out = _decisions(np.where(np.isfinite(obs), code, 0), s, n, alpha, epsilon, nulls)
-    return [d if np.isfinite(o) else Decision(UNDECIDED, float("nan"), float("nan"), float("nan"), d.draws, alpha,
+    return [d if np.isfinite(o) else Decision(UNDECIDED, float("nan"), float("nan"), float("nan"), d.draws, d.alpha,
                                               epsilon, d.null) for d, o in zip(out, obs)]
 
 
