@@ -18,7 +18,8 @@ p-value's interval from the same sequence at ``CI_LEVEL`` (valid at whatever n t
 
 Gandy's SIMCTEST reaches the same bound with boundaries computed recursively from a spending function (R package
 ``simctest``); no maintained Python implementation exists, and the confidence sequence needs no precomputation
-and gives the interval directly, at a similar expected number of draws (Ding, Gandy and Hahn, section 4).
+and gives the interval directly, at an expected number of draws comparable to SIMCTEST's (Ding, Gandy and Hahn
+compare the two).
 
 One machinery for every use: the exceedance rate of a Bernoulli stream against a level (``sequential_rate``):
 
