@@ -46,14 +46,14 @@ def test_conditional_axis_finds_the_planted_entropy_direction_and_the_statistics
 
     cov = covariate_matrix({"position": pos})
     confound = deconfounded_correlation(x @ u1, y, cov, pos, covariate_names=["position"], strata_name="position",
-                                        n_perm=300, seed=1)
+                                        n_perm=1000, seed=1)
     assert confound.values["raw"]["spearman"] > 0.6 and confound.p_plain["spearman"] < 0.01
     assert confound.p["raw"]["spearman"] > 0.05  # the confound-keeping null reproduces the raw correlation
     for kind in ("partial", "within"):
         lo, hi = confound.null[kind]["spearman"]
         assert lo <= confound.values[kind]["spearman"] <= hi, kind  # nothing left once position is held fixed
     assert confound.verdict() == "vanishes"
-    signal = deconfounded_correlation(x @ u2, y, cov, pos, n_perm=300, seed=1)
+    signal = deconfounded_correlation(x @ u2, y, cov, pos, n_perm=1000, seed=1)
     assert signal.verdict() == "survives" and signal.values["within"]["pearson"] > 0.5
 
 
@@ -65,13 +65,13 @@ def test_the_null_keeps_the_confound():
     y = np.log1p(k) + 0.01 * rng.standard_normal(len(k))
     x = -k + rng.standard_normal(len(k))
     dec = deconfounded_correlation(x, y, covariate_matrix(nuisance_columns(np.full(len(k), 9), k=k)), k,
-                                   n_perm=300, seed=0)
+                                   n_perm=1000, seed=0)
     assert dec.values["raw"]["spearman"] < -0.8
     assert dec.p["raw"]["spearman"] > 0.05  # the raw correlation is what the strata alone give
     assert dec.verdict() == "vanishes"
     fresh = np.random.default_rng(11)
     independent = deconfounded_correlation(fresh.standard_normal(200), fresh.standard_normal(200),
-                                           np.zeros((200, 0)), np.zeros(200), n_perm=300, seed=0)
+                                           np.zeros((200, 0)), np.zeros(200), n_perm=1000, seed=0)
     assert all(independent.p[kind]["pearson"] > 0.01 for kind in ("raw", "partial", "within"))
     assert independent.verdict("pearson") == "no raw effect"
 
@@ -141,7 +141,7 @@ def test_an_entropy_that_is_a_function_of_position_is_inseparable():
     k = np.repeat(np.arange(1, 21), 30)
     y = np.log2(21 - k) * (1 + 1e-16 * rng.standard_normal(len(k)))  # exact but for float rounding
     x = y + 0.3 * rng.standard_normal(len(k))
-    dec = deconfounded_correlation(x, y, np.zeros((len(k), 0)), k, n_perm=100, seed=0)
+    dec = deconfounded_correlation(x, y, np.zeros((len(k), 0)), k, n_perm=1000, seed=0)
     for stat in ("pearson", "spearman"):  # ranks of rounding noise are noise too
         assert np.isnan(dec.values["within"][stat]) and np.isnan(dec.null["within"][stat][0]), stat
     assert dec.values["raw"]["pearson"] > 0.9 and dec.verdict("pearson") in ("inseparable", "weakens", "vanishes")

@@ -219,6 +219,9 @@ def test_low_entropy_separation():
     assert dy.low_entropy_separation(collapsed, h) < 0.2
 
 
+SHARPNESS = torch.arange(8.0)[:, None] * torch.arange(5.0) / 2  # [T, 5] logits of a posterior sharpening with position
+
+
 class FakeHooked:
     """A stand-in for a hooked model whose frame is fixed by step 100 and whose values align slowly (step 800)."""
 
@@ -248,13 +251,15 @@ class FakeHooked:
         values = torch.cat([signal * 10, signal.expand(-1, -1, 1, 5)], -1) + (1.05 - self.precision) * self.noise[:n]
         cache[f"blocks.{self.cfg.n_layers - 1}.attn.hook_v"] = values
         logits = torch.zeros(n, T, 10)
-        logits[..., 5:] = (self.precision * 3 * torch.arange(5.0))
+        logits[..., 5:] = self.precision * SHARPNESS[:T]  # reaches the posterior of the test at step 800
         return logits, cache
 
 
 def test_frame_precision_from_checkpoints_finds_the_dissociation(tmp_path):
     n, T, hyp = 64, 8, list(range(5, 10))
-    post = torch.softmax(torch.randn(n, T, 5, generator=torch.Generator().manual_seed(5)), -1)
+    # a posterior that sharpens with position, as the fake's values encode (a random one would leave nothing for
+    # entropy_r2 to find: its curve would be noise around 0 whose "settle step" means nothing)
+    post = torch.softmax(SHARPNESS + 0.01 * torch.randn(n, T, 5, generator=torch.Generator().manual_seed(5)), -1)
     batch = SimpleNamespace(input_ids=torch.zeros(n, T, dtype=torch.long), query_pos=torch.arange(T), posterior=post)
     checkpoints = []
     for step in [0, 50, 100, 200, 400, 600, 800, 1000]:

@@ -23,9 +23,9 @@ def row(value, null=None, interval=None, note=None, metric="m", **scope):
 
 
 def test_vocabulary_is_fixed_with_a_symbol_and_colour_each():
-    assert L.VERDICTS == ("holds", "holds weakly", "does not hold", "inseparable", "not testable here")
+    assert L.VERDICTS == ("holds", "holds weakly", "does not hold", "inseparable", "borderline", "not testable here")
     assert set(views.STYLE) == set(L.VERDICTS)
-    assert len({s for s, _, _ in views.STYLE.values()}) == 5 and len({c for _, c, _ in views.STYLE.values()}) == 5
+    assert len({s for s, _, _ in views.STYLE.values()}) == 6 and len({c for _, c, _ in views.STYLE.values()}) == 6
 
 
 def test_beyond_null_on_planted_rows():
@@ -47,17 +47,18 @@ def test_beyond_null_on_planted_rows():
 def test_deconfounded_verdicts_come_from_stats_claim():
     sig, ns = 0.001, 0.5
     planted = {  # (raw, p_raw, values, p) -> the ledger's verdict
-        "holds": (0.8, sig, dict(partial=0.7, within=0.6), dict(partial=sig, within=sig)),
-        "holds weakly": (0.8, sig, dict(partial=0.2, within=0.1), dict(partial=sig, within=ns)),
-        "does not hold": (0.8, sig, dict(partial=0.01, within=0.02), dict(partial=ns, within=ns)),
-        "inseparable": (0.8, sig, dict(partial=math.nan, within=math.nan), dict(partial=math.nan, within=math.nan)),
+        "holds": (0.8, sig, dict(partial=0.7, within=0.6), dict(partial=sig, within=sig, either=sig)),
+        "holds weakly": (0.8, sig, dict(partial=0.2, within=0.1), dict(partial=sig, within=ns, either=sig)),
+        "does not hold": (0.8, sig, dict(partial=0.01, within=0.02), dict(partial=ns, within=ns, either=ns)),
+        "inseparable": (0.8, sig, dict(partial=math.nan, within=math.nan),
+                        dict(partial=math.nan, within=math.nan, either=math.nan)),
     }
     for expected, (raw, p_raw, values, p) in planted.items():
         assert L.from_deconfounded(stats_claim(raw, p_raw, values, p)) == expected, expected
     # Simpson: positive raw, clearly negative within every stratum: the claim does not hold
-    reversal = stats_claim(0.8, sig, dict(partial=-0.5, within=-0.5), dict(partial=sig, within=sig))
+    reversal = stats_claim(0.8, sig, dict(partial=-0.5, within=-0.5), dict(partial=sig, within=sig, either=sig))
     assert reversal == "reverses within strata" and L.from_deconfounded(reversal) == "does not hold"
-    hidden = stats_claim(0.01, ns, dict(partial=0.3, within=0.3), dict(partial=sig, within=sig))
+    hidden = stats_claim(0.01, ns, dict(partial=0.3, within=0.3), dict(partial=sig, within=sig, either=sig))
     assert L.from_deconfounded(hidden) == "holds weakly"
     assert L.from_deconfounded("") == "not testable here"
     assert L.deconfounded_claim(row(0.1, note="plain correlation; p = 0.03; claim appears only within strata")) \

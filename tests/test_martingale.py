@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from interp_bayes.analyses.martingale import (AVERAGED, EXPECTATION_GAP, FLOAT_FLOOR, NULLS, Context,
+from interp_bayes.analyses.martingale import (AVERAGED, EXPECTATION_GAP, FLOAT_FLOOR, GAP_OVER_K, NULLS, Context,
     bijection_contexts, bijection_setup, debiased_gap_bits, martingale_gap, martingale_test, model_predictor,
     order_averaged, order_sensitivity, sula_contexts, sula_setup)
 from interp_bayes.tasks.bijection import BijectionTask
@@ -144,7 +144,7 @@ def gap_rows(predictor, n_draws: int, seed: int = 42):
     contexts = bijection_contexts(BIJECTION, ks=(1, 5, 10, 15), per_k=40, seed=seed)
     report = martingale_test(None, BIJ_SETUP, contexts, predictor=predictor, n_draws=n_draws, n_null=10,
                              n_boot=500, seed=seed)
-    return report, {(r.metric, r.scope["k"]): r for r in report.rows()}
+    return report, {(r.metric, r.scope.get("k", "all")): r for r in report.rows()}  # the pooled row has no k
 
 
 def test_debiased_gap_is_the_mean_over_pairs_of_distinct_draws():
@@ -263,7 +263,10 @@ def test_martingale_test_on_a_tiny_model_runs_and_keeps_the_exact_null_at_zero(t
     rows = report.rows()
     assert {r.metric for r in rows} >= {"martingale_gap_kl_bits", "martingale_gap_debiased_bits",
                                         "order_sensitivity_js_bits"}
-    assert all(r.null == NULLS.get(r.metric.split("_", 2)[-1]) and "k" in r.scope for r in rows)
+    per_k = [r for r in rows if r.metric != GAP_OVER_K]
+    assert all(r.null == NULLS.get(r.metric.split("_", 2)[-1]) and "k" in r.scope for r in per_k)
+    pooled = [r for r in rows if r.metric == GAP_OVER_K]  # one decision over k, with its draws recorded
+    assert len(pooled) == 1 and pooled[0].n == 9 and pooled[0].test["draws"] > 0
 
 
 # Bayes in expectation (Chlon et al. 2025): the predictor averaged over orderings of the same examples.
@@ -307,7 +310,7 @@ def test_an_exchangeable_in_expectation_predictor_passes_averaged_and_fails_per_
     contexts = sula_contexts(SULATask(per_k=40), seed=3, ks=(2, 4))
     report = martingale_test(None, SETUP, contexts, predictor=first_last(0.1), n_draws=2, n_null=3, n_boot=500,
                              n_orders=120)
-    rows = {(r.metric, r.scope["k"]): r for r in report.rows()}
+    rows = {(r.metric, r.scope.get("k", "all")): r for r in report.rows()}  # the pooled rows have no k
     for k in (2, 4):
         assert rows[("order_sensitivity_js_bits", k)].verdict() == "above null"
         assert rows[("martingale_gap_debiased_bits", k)].verdict() == "above null"
@@ -359,3 +362,21 @@ def test_the_kinds_defaults_are_valid_recipe_values():
 
     assert MartingaleParams.from_dict(MartingaleParams().to_dict()) == MartingaleParams()
     assert MartingaleParams.from_dict(dict(orderings=8)).orderings == 8
+
+
+def test_one_decision_over_k_flags_a_small_violation_at_every_k_and_passes_a_martingale():
+    """The ledger's martingale claim is one decision: the debiased gap pooled over k against its own null. The
+    over-confident predictor is flagged as a whole and its k are named only where they survive Holm; the flatter
+    martingale holds, its test able to see far less than the claim's delta."""
+    from interp_bayes.kinds.martingale import DELTA_BITS, martingale_claim
+    from interp_bayes.stats import ledger as L
+
+    report, _ = gap_rows(flatter(0.5, favourite=0.05), n_draws=16)
+    verdict, evidence = martingale_claim(report.rows(), "martingale_gap_debiased_bits")
+    assert verdict == L.FAILS and "Holm over k: k=" in evidence
+    report, _ = gap_rows(flatter(0.3), n_draws=16)
+    rows = report.rows()
+    verdict, evidence = martingale_claim(rows, "martingale_gap_debiased_bits")
+    pooled = next(r for r in rows if r.metric == GAP_OVER_K)
+    assert verdict == L.HOLDS and "no single k" in evidence and L.detectable(pooled) < DELTA_BITS / 10
+    assert pooled.test["decision"] == "accept" and pooled.test["draws"] < 5000  # settled before the cap

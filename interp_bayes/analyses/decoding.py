@@ -77,6 +77,18 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
     return dict(y=y_out[:, 0], ridge=pred[:, 0], axis=axis, null_r2=r2(y_out[:, 1:], pred[:, 1:]), null=null)
 
 
+def axis_share(axis_r: float, ridge_r2: float, ridge_r2_ci, null_range) -> float:
+    """The share of the decodable entropy that the one axis carries, in [0, 1]: its held-out r² over the larger of
+    the ridge R² and that r² (a single direction is one linear readout, so what is decodable is at least what it
+    carries; the ridge, penalised and refitted per fold, can fall below it). NaN unless the entropy is decodable:
+    the ridge R²'s whole interval above 0 and the R² above its null's range (a share of noise means nothing; a
+    negative null alone let an R² of 0.005 give shares above 1)."""
+    decodable = ridge_r2_ci[0] > 0 and (ridge_r2 > null_range[1] or not np.isfinite(null_range[1]))
+    if not (decodable and np.isfinite(axis_r)):
+        return float("nan")
+    return float(axis_r**2 / max(ridge_r2, axis_r**2))
+
+
 # the two shuffled-target nulls: a wind tunnel's moves whole sequences, each row keeping its position, so what
 # position alone explains decodes under the null too (the raw R² of the bijection's entropy is within it)
 NULL_ROWS = "shuffled target"
@@ -88,8 +100,8 @@ class DecodingCurve:
     """Held-out decodability of one target at every (reading, layer), raw and (with covariates) deconfounded."""
 
     target: str
-    points: list[dict]  # per (reading, layer, adjust): ridge_r2 (+ ci, null), axis_r (+ ci), axis_share (NaN unless
-    #                     ridge_r2 clears its null's 97.5% and 0)
+    points: list[dict]  # per (reading, layer, adjust): ridge_r2 (+ ci, null), axis_r (+ ci), axis_share
+    #                     (``axis_share``: in [0, 1], NaN unless ridge_r2's interval clears 0 and the R² its null)
     folds: int
     n: int
     meta: dict = field(default_factory=dict)
@@ -166,10 +178,9 @@ def decoding_curve(acts, target=None, *, target_name: str = "model entropy", rea
                 r_ci = interval(bootstrap_pearson(fit["axis"], fit["y"], groups, n_boot=n_boot, seed=seed))
                 null = fit["null_r2"]
                 null_range = interval(null)
-                decodable = held_r2 > max(0.0, null_range[1]) if len(null) else held_r2 > 0  # a ratio of noise
                 point.update(ridge_r2=held_r2, ridge_r2_ci=r2_ci, axis_r=axis_r, axis_r_ci=r_ci,
                              null_r2_range=null_range, null=fit["null"],
-                             axis_share=float(axis_r**2 / held_r2) if decodable else float("nan"))
+                             axis_share=axis_share(axis_r, held_r2, r2_ci, null_range))
                 points.append(point)
     return DecodingCurve(target=target_name, points=points, folds=folds, n=len(y),
                          meta=dict(n_null=n_null, n_boot=n_boot, seed=seed, readings=readings, layers=list(layers)))

@@ -63,7 +63,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from ..stats.calibration import kl_bits
-from ..stats import bootstrap_mean_draws, interval, p_value
+from ..stats import bootstrap_mean_draws, interval, sequential_test
 from ..core.results import Row
 
 
@@ -332,6 +332,7 @@ NULLS = dict(js_bits="exact predictor", top_sd="exact predictor", debiased_bits=
 AVERAGED = "averaged_"  # metric prefix of the order-averaged predictor's rows
 EXPECTATION_GAP = "expectation_gap_debiased_bits"  # per-order minus order-averaged debiased gap, per k
 GAP_ROW = "martingale_gap_debiased_bits"  # the test's statistic (its exact predictor's row: exact_ + this)
+GAP_OVER_K = "martingale_gap_debiased_bits_over_k"  # the same pooled over every k: the claim's one decision
 
 
 def _stat_rows(per_k: list[dict], task: str, prefix: str, extra: dict) -> list[Row]:
@@ -358,8 +359,19 @@ def _stat_rows(per_k: list[dict], task: str, prefix: str, extra: dict) -> list[R
                     note.insert(0, f"null widened to the float32 floor of {FLOAT_FLOOR:g} bits")
             out.append(Row(f"{prefix}{kind}_{stat}", model["mean"], UNITS[stat], dict(task=task, k=entry["k"], **extra),
                            model["ci"][0], model["ci"][1], "bootstrap 95%", low, high,
-                           NULLS[stat] if null is not None else None, entry["n"], note="; ".join(note) or None))
+                           NULLS[stat] if null is not None else None, entry["n"], note="; ".join(note) or None,
+                           test=entry.get(f"test_{stat}")))
     return out
+
+
+def _overall_row(overall: dict, task: str, prefix: str, extra: dict) -> list[Row]:
+    """The debiased gap pooled over k (``GAP_OVER_K``) with its null and sequential test; [] when not computed."""
+    if not overall:
+        return []
+    stat, null = overall["debiased_bits"], overall["null_debiased_bits"]["range"]
+    return [Row(f"{prefix}{GAP_OVER_K}", stat["mean"], "bits", dict(task=task, **extra), stat["ci"][0], stat["ci"][1],
+                "bootstrap 95%", null[0], max(null[1], FLOAT_FLOOR), NULLS["debiased_bits"], overall["n"],
+                test=overall["test_debiased_bits"])]
 
 
 @dataclass
@@ -376,6 +388,8 @@ class MartingaleReport:
     per_context: dict = field(default_factory=dict, repr=False)  # statistic -> [n_contexts] for the model
     averaged: list[dict] = field(default_factory=list)  # per k, the order-averaged predictor ([]: not run)
     expectation: list[dict] = field(default_factory=list)  # per k, per order minus averaged
+    overall: dict = field(default_factory=dict)  # the debiased gap pooled over k, with its test (one decision)
+    overall_averaged: dict = field(default_factory=dict)  # the same for the order-averaged predictor
 
     def rows(self) -> list[Row]:
         """Tidy rows per k and statistic: the predictor's mean with its bootstrap interval, beside its null's 95%
@@ -384,9 +398,10 @@ class MartingaleReport:
         ``kl_today_bits`` have no null (biased up by the draws' noise; descriptive). The order-averaged predictor's
         rows are the same statistics prefixed ``averaged_`` with ``orders`` (m) in their scope; ``EXPECTATION_GAP``
         is the per-order minus averaged debiased gap, against its paired bootstrap recentred at 0."""
-        out = _stat_rows(self.per_k, self.task, "", {})
+        out = _stat_rows(self.per_k, self.task, "", {}) + _overall_row(self.overall, self.task, "", {})
         if self.averaged:
             out += _stat_rows(self.averaged, self.task, AVERAGED, dict(orders=self.params["n_orders"]))
+            out += _overall_row(self.overall_averaged, self.task, AVERAGED, dict(orders=self.params["n_orders"]))
             for entry in self.per_k:  # the exact predictor beside both (exchangeable: one value for both)
                 ex = entry["exact_debiased_bits"]
                 out.append(Row(f"exact_{GAP_ROW}", ex["value"], "bits", dict(task=self.task, k=entry["k"]),
@@ -396,17 +411,19 @@ class MartingaleReport:
                                                                      orders=self.params["n_orders"]),
                            e["ci"][0], e["ci"][1], "bootstrap 95%", e["null"][0], e["null"][1],
                            "paired bootstrap over contexts, recentred at 0, 95%", e["n"],
-                           note=f"p = {e['p']:.3g} against the null as drawn"))
+                           note=f"p = {e['p']:.3g} against the null as drawn", test=e["test"]))
         return out
 
 
-def _boot(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[dict, dict, float]:
+def _boot(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[dict, dict, dict]:
     """The mean of ``x`` with its bootstrap interval, that bootstrap recentred at 0 (the null of a statistic whose
-    mean is 0 under the hypothesis, the contexts independent) and the p-value of the mean against those draws."""
+    mean is 0 under the hypothesis, the contexts independent), and the sequential test of the mean against further
+    recentred draws (``stats.sequential_test``: drawn until the decision is settled, at most 10 x ``n_boot``; a
+    bootstrap of a mean is one matrix product, so the cap can be generous)."""
     mean, boots = float(x.mean()), bootstrap_mean_draws(x, n_boot=n_boot, seed=rng)
     low, high = interval(boots)
-    return (dict(mean=mean, ci=[low, high]), dict(value=0.0, range=[low - mean, high - mean]),
-            p_value(mean, boots - mean))
+    test = sequential_test(lambda b: bootstrap_mean_draws(x, n_boot=b, seed=rng) - mean, mean, cap=10 * n_boot)
+    return dict(mean=mean, ci=[low, high]), dict(value=0.0, range=[low - mean, high - mean]), test.as_dict()
 
 
 def _per_k(predict: Predictor, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int, n_draws: int,
@@ -429,19 +446,23 @@ def _per_k(predict: Predictor, setup: ExchangeableTask, contexts: Sequence[Conte
                 entry[f"null_{stat}"] = dict(value=null, range=[min(0.0, null), null])
             entry["n_orders"] = float(order["n_orders"][sel].mean())
         for stat in GAP_STATS:
-            entry[stat], recentred, p = _boot(gap[stat][sel], n_boot, rng)
+            entry[stat], recentred, test = _boot(gap[stat][sel], n_boot, rng)
             reps = np.array([r[stat][sel].mean() for r in exact["replicates"]]) if exact["replicates"] \
                 else np.array([np.nan])
             entry[f"exact_{stat}"] = dict(value=float(exact["gap"][stat][sel].mean()), range=interval(reps))
             if stat in ("debiased_bits", "drift_top"):  # mean 0 under the hypothesis: the bootstrap, recentred
-                entry[f"null_{stat}"], entry[f"p_{stat}"] = recentred, p
+                entry[f"null_{stat}"], entry[f"p_{stat}"], entry[f"test_{stat}"] = recentred, test["p"], test
         shift = entry["kl_bits"]["mean"] - entry["debiased_bits"]["mean"]  # the plug-in's noise part
         entry["null_kl_bits"] = dict(value=shift, range=[shift + x for x in entry["null_debiased_bits"]["range"]])
         entry["null_kl_floor_bits"] = entry["exact_kl_floor_bits"]  # the query alone: the exact predictor's is 0
         per_k.append(entry)
     per_context = dict(k=ks.tolist(), **{s: order[s].tolist() for s in ORDER_STATS},
                        **{s: gap[s].tolist() for s in GAP_STATS})
-    return per_k, per_context
+    # one decision over k: the debiased gap pooled over every context (mean 0 under the hypothesis at every k, so
+    # at their mean), against its own recentred bootstrap: a small violation at every k adds up here
+    stat, null, test = _boot(gap["debiased_bits"], n_boot, rng)
+    overall = dict(n=len(ks), debiased_bits=stat, null_debiased_bits=null, test_debiased_bits=test)
+    return per_k, per_context, overall
 
 
 def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context], *, n_perms: int = 6,
@@ -485,18 +506,20 @@ def martingale_test(model, setup: ExchangeableTask, contexts: Sequence[Context],
                  replicates=[martingale_gap(setup.exact, contexts, setup, n_draws=n_draws, seed=seed + 1 + r)
                              for r in range(n_null)])
     kw = dict(n_perms=n_perms, n_draws=n_draws, n_boot=n_boot, seed=seed, exact=exact)
-    per_k, per_context = _per_k(predict, setup, contexts, **kw)
-    averaged, expectation = [], []
+    per_k, per_context, overall = _per_k(predict, setup, contexts, **kw)
+    averaged, expectation, overall_avg = [], [], {}
     if n_orders:
-        averaged, per_context_avg = _per_k(order_averaged(predict, n_orders, seed=order_seed), setup, contexts, **kw)
+        averaged, per_context_avg, overall_avg = _per_k(order_averaged(predict, n_orders, seed=order_seed), setup,
+                                                        contexts, **kw)
         ks = np.array(per_context["k"])
         diff = np.array(per_context["debiased_bits"]) - np.array(per_context_avg["debiased_bits"])
         rng = np.random.default_rng([seed, n_orders])
         for k in sorted(set(ks.tolist())):
-            stat, null, p = _boot(diff[ks == k], n_boot, rng)  # paired: the same contexts and draws
-            expectation.append(dict(k=int(k), n=int((ks == k).sum()), **stat, null=null["range"], p=p))
+            stat, null, test = _boot(diff[ks == k], n_boot, rng)  # paired: the same contexts and draws
+            expectation.append(dict(k=int(k), n=int((ks == k).sum()), **stat, null=null["range"], p=test["p"],
+                                    test=test))
         per_context |= {f"{AVERAGED}{s}": v for s, v in per_context_avg.items() if s != "k"}
     params = dict(n_perms=n_perms, n_draws=n_draws, n_null=n_null, n_boot=n_boot, seed=seed, n_orders=n_orders,
                   order_seed=order_seed, outcomes="enumerated" if setup.enumerate_outcomes else "sampled",
                   n_contexts=len(contexts))
-    return MartingaleReport(setup.name, per_k, params, per_context, averaged, expectation)
+    return MartingaleReport(setup.name, per_k, params, per_context, averaged, expectation, overall, overall_avg)

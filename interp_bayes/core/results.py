@@ -43,6 +43,9 @@ class Row:
     note: str | None = None  # e.g. why a value is NaN
     probe: str = ""  # filled in by the runner: the recipe's name ...
     kind: str = ""  # ... and its kind
+    # a sequential Monte-Carlo test of the value against its null (``stats.sequential.Decision.as_dict``): decision,
+    # p, its interval (low, high), draws used, alpha, epsilon
+    test: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("value", "low", "high", "null_low", "null_high"):
@@ -99,7 +102,7 @@ def scope_columns(rows: Iterable[Row]) -> list[str]:
 
 
 COLUMNS = ("probe", "kind", "metric", "value", "low", "high", "interval", "null_low", "null_high", "null", "n",
-           "unit", "verdict", "note")
+           "unit", "verdict", "p", "draws", "note")
 # which run and model a row of a run folder came from (``report.view.RunView.origins``), so that tables of several
 # runs concatenated still say it: the run key (the folder's name), the model as named, a hash of its identity
 ORIGIN_COLUMNS = ("run", "model", "model_key")
@@ -111,7 +114,9 @@ def records(rows: list[Row], origins: list[dict] | None = None) -> list[dict]:
     scope = scope_columns(rows)
     out = []
     for i, r in enumerate(rows):
-        d = {c: getattr(r, c) if c != "verdict" else r.verdict() for c in COLUMNS}
+        test = r.test or {}
+        d = {c: r.verdict() if c == "verdict" else test.get(c) if c in ("p", "draws") else getattr(r, c)
+             for c in COLUMNS}
         out.append({**({c: origins[i][c] for c in ORIGIN_COLUMNS} if origins is not None else {}),
                     **{c: d[c] for c in COLUMNS[:3]}, **{k: r.scope.get(k) for k in scope},
                     **{c: d[c] for c in COLUMNS[3:]}})

@@ -34,6 +34,7 @@ class Snapshot:
     values: torch.Tensor  # [N, kv_heads * d_head] last-layer hook_v at the scored positions
     model_entropy: torch.Tensor  # [N] bits, over the hypothesis tokens
     bayes_entropy: torch.Tensor  # [N] bits
+    groups: np.ndarray  # [N] the sequence of each row (its scored positions are not independent)
 
 
 def take_snapshot(model, batch, hypothesis_ids: Sequence[int]) -> Snapshot:
@@ -56,6 +57,7 @@ def take_snapshot(model, batch, hypothesis_ids: Sequence[int]) -> Snapshot:
         values=values.flatten(2).flatten(0, 1).double(),
         model_entropy=(entropy_nats(log_p) / math.log(2)).flatten(),
         bayes_entropy=entropy_bits(batch.posterior.double()).flatten(),
+        groups=np.repeat(np.arange(values.shape[0]), values.shape[1]),
     )
 
 
@@ -93,7 +95,7 @@ def snapshot_metrics(snap: Snapshot, final: Snapshot) -> dict[str, float]:
         "frame_head_match": float(int(orth.argmin()) == int(key_orthogonality(final.layer0_keys).argmin())),
         "entropy_mae": float((snap.model_entropy - snap.bayes_entropy).abs().mean()),
         "pc1_share": pc1_share(snap.values),
-        "entropy_r2": cv_r2(snap.values, snap.bayes_entropy),
+        "entropy_r2": cv_r2(snap.values, snap.bayes_entropy, snap.groups),
         "low_entropy_separation": low_entropy_separation(snap.values, snap.bayes_entropy),
     }
 

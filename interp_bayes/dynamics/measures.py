@@ -22,16 +22,17 @@ def pc1_share(x: torch.Tensor) -> float:
     return shares(ev)[0] if ev.sum() > 0 else 0.0
 
 
-def cv_r2(features: torch.Tensor, target: torch.Tensor, seed: int = 0, folds: int = 5) -> float:
-    """Out-of-sample R^2 (``stats.r2``: NaN for a constant target) of a linear fit of ``target`` from ``features``
-    (``stats.group_folds``, every row its own group; float64)."""
+def cv_r2(features: torch.Tensor, target: torch.Tensor, groups, *, seed: int = 0, folds: int = 5) -> float:
+    """Out-of-sample R^2 (``stats.r2``: NaN for a constant target) of a linear fit of ``target`` from ``features``,
+    over folds of whole ``groups`` (``stats.group_folds``: the sequence of each row, whose positions are not
+    independent; None: every row its own group; float64)."""
     from sklearn.linear_model import LinearRegression
     from sklearn.model_selection import cross_val_predict
 
     from ..stats import group_folds, r2
 
     xf, yf = features.double().numpy(), target.double().numpy()
-    pred = cross_val_predict(LinearRegression(), xf, yf, cv=group_folds(None, folds, seed=seed, n=len(yf)))
+    pred = cross_val_predict(LinearRegression(), xf, yf, cv=group_folds(groups, folds, seed=seed, n=len(yf)))
     return float(r2(yf, pred)[0])
 
 

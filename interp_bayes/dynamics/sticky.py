@@ -78,7 +78,7 @@ def train_single_head(chain: StickyChain, method: str, init: dict[str, torch.Ten
             entropy = entropy_nats(g["log_probs"])
             record["step"].append(step)
             record["pc1_share"].append(pc1_share(g["values"]))
-            record["entropy_r2"].append(cv_r2(g["values"], entropy))
+            record["entropy_r2"].append(cv_r2(g["values"], entropy, None))  # one chain: no whole sequences to hold out
             record["entropy_sd"].append(float(entropy.std()))
         if step == n_steps:
             break

@@ -178,7 +178,7 @@ def ledger(probes) -> list:
         best = max(finite, key=lambda r: r.value) if finite else every[0]
         at = f"{best.scope.get('reading')} L{best.scope.get('layer')}"
         out.append(Claim("decodable", f"Model entropy is decodable beyond the confounds (best held-out R², {at})",
-                         L.at_least(L.beyond_null(best), best.value, DECODABLE_R2), L.fmt(best), subject=where,
+                         L.at_least(L.decodable(best), best.value, DECODABLE_R2), L.fmt(best), subject=where,
                          rival=True,
                          section=f"fig-decoding-{p.name}"))
         share = next(iter(select(p.rows, "axis_share_of_decodable", target="model entropy", adjust="deconfounded",

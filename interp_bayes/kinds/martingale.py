@@ -172,9 +172,34 @@ def subject(p) -> str:
     return "" if p.tunnel is None else Path(p.tunnel).name
 
 
+DELTA_BITS = 0.05  # the martingale claim's delta: a debiased gap this large (bits) is a violation it must see
+
+
+def martingale_claim(rows: list[Row], metric: str) -> tuple[str, str] | None:
+    """(verdict, evidence) of "predictions form a martingale" from the debiased gap pooled over k (``metric`` +
+    "_over_k"): one decision with its own null and a sequential test. Rejected: "does not hold", naming the k whose
+    own tests survive Holm over k (or none: a small gap at every k); undecided at the cap: "borderline"; not
+    rejected: "holds" only when the test could have seen a pooled gap of ``DELTA_BITS`` (``ledger.detectable``),
+    else "not testable here". None without the pooled row (a run from before it existed)."""
+    from ..stats import ledger as L
+
+    pooled = next(iter(select(rows, f"{metric}_over_k")), None)
+    if pooled is None:
+        return None
+    rejection = L.beyond_null(pooled)  # holds: the gap is beyond its null, i.e. the martingale claim fails
+    verdict = {L.HOLDS: L.FAILS, L.FAILS: L.not_beyond_null(pooled, delta=DELTA_BITS)}.get(rejection, rejection)
+    survive, _ = L.family(select(rows, metric))
+    where = ", ".join(f"k={r.scope['k']}" for r in sorted(survive, key=lambda r: r.scope["k"])) or "no single k"
+    evidence = f"pooled over k: {L.fmt(pooled)}; beyond its null after Holm over k: {where}"
+    if verdict == L.UNTESTABLE:
+        evidence += (f"; the test could see only a gap of {L.detectable(pooled):.3g} bits or more (claim: "
+                     f"{DELTA_BITS:g})")
+    return verdict, evidence
+
+
 def ledger(probes) -> list:
-    """Rivals of a Bayesian reading: predictions that depend on the order of the examples, or that are not a
-    martingale (the claim holds when no k clears its null)."""
+    """Rivals of a Bayesian reading: predictions that depend on the order of the examples (the claim holds when no
+    k clears its null), or that are not a martingale (one decision over k: ``martingale_claim``)."""
     from ..stats import ledger as L
     from ..core.plugin import Claim
 
@@ -191,11 +216,13 @@ def ledger(probes) -> list:
             rs = sorted(select(p.rows, metric), key=lambda r: r.scope["k"])
             if not rs:
                 continue
-            hit, total = L.count_beyond(rs)
-            worst = max(rs, key=lambda r: r.value - r.null_high)
-            out.append(Claim(key, text, L.none_beyond(rs), f"above its null at {hit} of {total} k; largest at "
-                             f"k={worst.scope['k']}: {L.fmt(worst)}", subject=where, rival=True,
-                             section=f"fig-martingale-{p.name}"))
+            decided = martingale_claim(p.rows, metric) if metric.endswith("martingale_gap_debiased_bits") else None
+            if decided is None:
+                hit, total = L.count_beyond(rs)
+                worst = max(rs, key=lambda r: r.value - r.null_high)
+                decided = L.none_beyond(rs), (f"above its null at {hit} of {total} k; largest at "
+                                              f"k={worst.scope['k']}: {L.fmt(worst)}")
+            out.append(Claim(key, text, *decided, subject=where, rival=True, section=f"fig-martingale-{p.name}"))
     return out
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import html
 
-from ..stats.ledger import FAILS, HOLDS, INSEPARABLE, UNTESTABLE, VERDICTS, WEAK
+from ..stats.ledger import BORDERLINE, FAILS, HOLDS, INSEPARABLE, UNTESTABLE, VERDICTS, WEAK
 
 # symbol, colour (text on a white page, AA contrast), short class name
 STYLE = {HOLDS: ("✔", "#1e7b34", "holds"), WEAK: ("◐", "#9a6700", "weak"), FAILS: ("✘", "#b42318", "fails"),
-         INSEPARABLE: ("≈", "#5b3fb8", "insep"), UNTESTABLE: ("–", "#5b6b7c", "untestable")}
+         INSEPARABLE: ("≈", "#5b3fb8", "insep"), BORDERLINE: ("?", "#a0522d", "borderline"),
+         UNTESTABLE: ("–", "#5b6b7c", "untestable")}
 # the order in which the papers state their claims (keys of the kinds' Claims; others follow, then the rivals)
 CLAIM_ORDER = ("dominant-axis", "domain", "pc1-entropy", "pc1-posterior", "orthogonal-keys", "attention-focuses",
                "readout", "readout-resample", "readout-mean", "calibration", "wt-calibration", "wt-pc1-bayes")

@@ -21,6 +21,14 @@ def is_constant(x, rtol: float = CONSTANT_RTOL) -> bool:
     return bool(np.ptp(x) <= rtol * np.abs(x).max()) if x.size else True
 
 
+def ranks(v) -> np.ndarray:
+    """Average ranks of ``v`` with values equal up to rounding tied (``snap``): the one ranking behind every
+    Spearman correlation of the toolkit, so one pair gives one rho wherever it is computed."""
+    from scipy.stats import rankdata
+
+    return rankdata(snap(as_float64(v)))
+
+
 def snap(v: np.ndarray) -> np.ndarray:
     """Values equal up to rounding made exactly equal (12 significant digits of the largest magnitude), so that
     ties stay ties: ranks, and centring within strata, would otherwise turn 1e-16 noise into variation."""

@@ -62,6 +62,8 @@ def deconfounded_rows(dec: Deconfounded, metric: str, scope: dict, *, stat: str 
     detail = {"raw": "plain correlation", "partial": f"given {', '.join(dec.covariates) or 'no covariate'}",
               "within": f"within {dec.n_strata} strata of {dec.strata}"}
     return [Row(metric, dec.values[kind][stat], unit, dict(scope, deconfounded=kind), null_low=dec.null[kind][stat][0],
-                null_high=dec.null[kind][stat][1], null=f"within-{dec.strata} permutation ({dec.n_perm})", n=dec.n,
-                note=f"{detail[kind]}; p = {dec.p[kind][stat]:.3g}; between-strata share "
-                     f"{dec.residual_confounding[kind][stat]:.3f}; claim {verdict}") for kind in KINDS]
+                null_high=dec.null[kind][stat][1],
+                null=f"within-{dec.strata} permutation ({dec.tests[kind][stat]['draws']} of at most {dec.n_perm})",
+                n=dec.n, note=f"{detail[kind]}; p = {dec.p[kind][stat]:.3g}; between-strata share "
+                              f"{dec.residual_confounding[kind][stat]:.3f}; claim {verdict}",
+                test=dec.tests[kind][stat]) for kind in KINDS]

@@ -10,9 +10,12 @@ For a reading x (a PC1 score, an axis projection) and an entropy y, ``deconfound
   value of k, one query position, a fine bin of length), then correlated; strata of one row add nothing.
 
 Each comes with a permutation null that **keeps the confound**: y is shuffled only within strata, so whatever the
-stratum variable explains survives every permutation. Its p-value is computed against the null as drawn
-(``permutation.p_value``), and the claim comes from ``verdicts.claim``. Each kind also reports its residual
-confounding: the share of its (residualised) x's or y's variance, whichever is larger, that lies between strata.
+stratum variable explains survives every permutation. The permutations are drawn in batches until each test's
+decision is settled with bounded resampling risk (``sequential``; the recipe's count is the cap), its p-value is
+computed against the null as drawn (``permutation.p_value``'s rule) and the claim comes from
+``verdicts.claim_from``, the partial and within readings cleared by closed testing; a test undecided at the cap
+that could change the claim makes it "borderline". Each kind also reports its residual confounding: the share of
+its (residualised) x's or y's variance, whichever is larger, that lies between strata.
 
 Pearson and Spearman are both given (Spearman: the same on the ranks of x and y; the covariate basis is already
 flexible, so it is not ranked).
@@ -20,19 +23,19 @@ flexible, so it is not ranked).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as sps
 
 from ..core.errors import ConfigError
-from .arrays import CONSTANT_RTOL, as_float64, snap
-from .permutation import p_value, permutations
-from .regression import centre_within, residual_confounding, residualize
-from .resample import interval
-from .verdicts import claim
+from .arrays import CONSTANT_RTOL, as_float64, ranks, snap
+from .permutation import permutations
+from .regression import centre_within, residual_confounding, residualizer
+from .sequential import REJECT, UNDECIDED, sequential_tests
+from .verdicts import DECONFOUNDED, claim_from, closed_pair
 
 KINDS = ("raw", "partial", "within")
+NULL_BATCH = 200  # permutations between two looks: also the fewest a null range is drawn from
 
 
 def corr_columns(x: np.ndarray, ys: np.ndarray, scale_x: float, scale_y: float) -> np.ndarray:
@@ -51,8 +54,8 @@ def corr_columns(x: np.ndarray, ys: np.ndarray, scale_x: float, scale_y: float) 
 @dataclass
 class Deconfounded:
     """One reading against one entropy: per kind (raw, partial, within) and statistic (pearson, spearman), the
-    value, the null's 95% range, the p-value against the within-stratum null, the residual confounding, and a
-    verdict."""
+    value, the null's 95% range, the p-value against the within-stratum null (each from the draws its sequential
+    test used, ``tests``), the residual confounding, and a verdict."""
 
     values: dict[str, dict[str, float]]  # kind -> stat -> value
     null: dict[str, dict[str, list[float]]]  # kind -> stat -> [low, high]
@@ -60,22 +63,41 @@ class Deconfounded:
     p_plain: dict[str, float]  # stat -> p-value of the raw correlation against a plain (unrestricted) permutation
     n: int
     n_strata: int
-    n_perm: int
+    n_perm: int  # the cap on permutations of every test
     covariates: list[str]
     strata: str
     residual_confounding: dict[str, dict[str, float]]  # kind -> stat -> share of variance between strata
+    # kind -> stat -> the sequential test (``Decision.as_dict``); "plain" -> stat -> the raw correlation against the
+    # plain null; "either" -> stat -> max(|partial|, |within|) against the within-stratum null (closed testing)
+    tests: dict = field(default_factory=dict)
 
     def verdict(self, stat: str = "spearman") -> str:
-        """``verdicts.claim`` of this reading's ``stat``: one of ``verdicts.VERDICTS``."""
-        return claim(self.values["raw"][stat], self.p_plain[stat], {k: self.values[k][stat] for k in KINDS},
-                     {k: self.p[k][stat] for k in KINDS})
+        """``verdicts.claim_from`` of this reading's ``stat``, the partial and within readings cleared by closed
+        testing from their sequential tests (``verdicts.closed_pair``): one of ``verdicts.VERDICTS``."""
+        def state(test, upper: bool = False) -> bool | None:  # an untestable reading (NaN) never clears
+            if test["decision"] == UNDECIDED:
+                return None if np.isfinite(test["p"]) else False
+            return test["decision"] == REJECT and (not upper or test["upper"])
+
+        each = {k: state(self.tests[k][stat]) for k in DECONFOUNDED}
+        return claim_from(self.values["raw"][stat], state(self.tests["plain"][stat]),
+                          {k: self.values[k][stat] for k in KINDS},
+                          closed_pair(each, state(self.tests["either"][stat], upper=True)))
+
+
+def _larger(a, b):
+    """max(|a|, |b|) elementwise, NaN only where both are (a reading with nothing within strata drops out)."""
+    with np.errstate(invalid="ignore"):
+        return np.fmax(np.abs(a), np.abs(b))
 
 
 def deconfounded_correlation(x, y, covariates: np.ndarray, strata, *, covariate_names=(), strata_name: str = "",
                              n_perm: int = 1000, seed: int = 0) -> Deconfounded:
     """Raw, partial and within-stratum correlations of ``x`` with ``y`` given the covariate design ``covariates``
-    ([n, c], e.g. ``covariate_basis``) and ``strata`` labels (see the module docstring), each with a within-stratum
-    permutation null of ``n_perm`` draws."""
+    ([n, c], e.g. ``covariate_basis``) and ``strata`` labels (see the module docstring), each tested against a
+    within-stratum permutation null drawn sequentially (``sequential.sequential_tests``: batches of ``NULL_BATCH``
+    permutations until the decision is settled, at most ``n_perm``); the null's range and the p-value are those of
+    the draws each test used."""
     x, y = snap(as_float64(x)), snap(as_float64(y))
     cov = as_float64(covariates).reshape(len(x), -1)
     strata = np.asarray(strata)
@@ -83,26 +105,52 @@ def deconfounded_correlation(x, y, covariates: np.ndarray, strata, *, covariate_
         raise ConfigError(f"x, y, covariates and strata need one row per prompt; got {len(x)}, {len(y)}, {len(cov)} "
                           f"and {len(strata)}.")
     rng = np.random.default_rng(seed)
-    perms = permutations(len(x), n_perm, rng, strata)
-    plain = permutations(len(x), n_perm, rng)
-    values, null, p, p_plain, between = {}, {}, {}, {}, {}
+    residualize = residualizer(cov)  # one least-squares operator for the observed reading and every permutation
+    prepared, between = {}, {}
     for stat in ("pearson", "spearman"):
-        xs = sps.rankdata(x) if stat == "spearman" else x
-        ys = sps.rankdata(y) if stat == "spearman" else y
-        y_all = np.column_stack([ys, ys[perms].T])  # [n, 1 + n_perm]: observed, then permuted within strata
-        x_partial, y_partial = residualize(xs, cov_train=cov), residualize(y_all, cov_train=cov)
-        within = centre_within(np.column_stack([xs, y_all]), strata)
-        sx, sy = np.abs(xs).max(), np.abs(ys).max()
-        r = dict(raw=corr_columns(xs, y_all, sx, sy), partial=corr_columns(x_partial, y_partial, sx, sy),
-                 within=corr_columns(within[:, 0], within[:, 1:], sx, sy))
-        readings = dict(raw=(xs, ys), partial=(x_partial, y_partial[:, 0]), within=(within[:, 0], within[:, 1]))
-        for kind, rs in r.items():
-            values.setdefault(kind, {})[stat] = float(rs[0])
-            null.setdefault(kind, {})[stat] = interval(rs[1:])
-            p.setdefault(kind, {})[stat] = p_value(rs[0], rs[1:])
+        xs = ranks(x) if stat == "spearman" else x
+        ys = ranks(y) if stat == "spearman" else y
+        prepared[stat] = (xs, ys, residualize(xs), centre_within(xs, strata), np.abs(xs).max(), np.abs(ys).max())
+        readings = dict(raw=(xs, ys), partial=(residualize(xs), residualize(ys)),
+                        within=(centre_within(xs, strata), centre_within(ys, strata)))
+        for kind in KINDS:
             shares = [residual_confounding(v, strata) for v in readings[kind]]
             between.setdefault(kind, {})[stat] = float(np.nanmax(shares)) if np.isfinite(shares).any() else \
                 float("nan")
-        p_plain[stat] = p_value(r["raw"][0], corr_columns(xs, ys[plain].T, sx, sy))
+
+    def columns(perms: np.ndarray, plain: np.ndarray) -> np.ndarray:
+        """[1 + b, 10]: the observed reading, then one per permutation; per statistic raw, partial, within, their
+        larger magnitude (within-stratum permutations) and raw (plain ones). The observed one is column 0 of the
+        same products as the permuted ones; all are rounded to 12 decimals, so a permutation that changes nothing
+        ties with it exactly (products of other widths differ from it by ~1e-15, which would put an equal value
+        "outside" its null's range while the p-value, tie-tolerant, counts it as a tie)."""
+        cols = []
+        for xs, ys, x_partial, x_within, sx, sy in prepared.values():
+            y_all = np.column_stack([ys, ys[perms].T])  # [n, 1 + b]
+            partial = corr_columns(x_partial, residualize(y_all), sx, sy)
+            within = corr_columns(x_within, centre_within(y_all, strata), sx, sy)
+            cols += [corr_columns(xs, y_all, sx, sy), partial, within, _larger(partial, within),
+                     corr_columns(xs, np.column_stack([ys, ys[plain].T]), sx, sy)]
+        return np.round(np.stack(cols, axis=1), 12)
+
+    identity = np.arange(len(x))[None, :]
+    observed = columns(identity, identity)[0]
+
+    def draw(b: int) -> np.ndarray:
+        return columns(permutations(len(x), b, rng, strata), permutations(len(x), b, rng))[1:]
+
+    decided = sequential_tests(draw, observed, cap=n_perm, batch=min(NULL_BATCH, n_perm))
+    values, null, p, p_plain = {}, {}, {}, {}
+    tests: dict = {"plain": {}, "either": {}}
+    for i, stat in enumerate(("pearson", "spearman")):
+        raw, partial, within, either, plain = decided[5 * i: 5 * i + 5]
+        for kind, d, o in zip(KINDS, (raw, partial, within), observed[5 * i: 5 * i + 3]):
+            values.setdefault(kind, {})[stat] = o
+            null.setdefault(kind, {})[stat] = list(d.null)
+            p.setdefault(kind, {})[stat] = d.p
+            tests.setdefault(kind, {})[stat] = d.as_dict()
+        p_plain[stat], tests["plain"][stat] = plain.p, plain.as_dict()
+        # two-sided as every test here; only its upper tail (both magnitudes large) is evidence
+        tests["either"][stat] = dict(either.as_dict(), upper=bool(observed[5 * i + 3] > sum(either.null) / 2))
     return Deconfounded(values, null, p, p_plain, len(x), int(len(np.unique(strata))), n_perm,
-                        list(covariate_names), strata_name, between)
+                        list(covariate_names), strata_name, between, tests)

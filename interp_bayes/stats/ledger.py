@@ -10,17 +10,22 @@ import math
 from typing import Iterable
 
 from ..core.results import Row
+from .permutation import holm
+from .resample import CI_LEVEL
+from .sequential import REJECT, UNDECIDED
 
 HOLDS, WEAK, FAILS, INSEPARABLE, UNTESTABLE = "holds", "holds weakly", "does not hold", "inseparable", \
     "not testable here"
+BORDERLINE = "borderline"  # the Monte-Carlo draws reached their cap without settling the decision
 
 
-VERDICTS = (HOLDS, WEAK, FAILS, INSEPARABLE, UNTESTABLE)
+VERDICTS = (HOLDS, WEAK, FAILS, INSEPARABLE, BORDERLINE, UNTESTABLE)
+POWER = 0.8  # the power at which a non-rejection's detectable effect is stated
 
 
 # stats.claim's vocabulary in the ledger's: a claim that a quantity tracks another
 _DECONFOUNDED = {"survives": HOLDS, "weakens": WEAK, "appears only within strata": WEAK, "inseparable": INSEPARABLE,
-                 "vanishes": FAILS, "no raw effect": FAILS, "reverses within strata": FAILS}
+                 "vanishes": FAILS, "no raw effect": FAILS, "reverses within strata": FAILS, "borderline": BORDERLINE}
 
 
 def _finite(x) -> bool:
@@ -38,7 +43,8 @@ def beyond_null(row: Row | None, side: str = "above") -> str:
     """A claim that a number clears its null: ``holds`` when the value lies beyond the null's range on ``side``
     ("above" or "below"), ``does not hold`` when within it or beyond the other side, ``inseparable`` when the null
     is a single point at the value (nothing varies once the confound is kept), ``not testable here`` without a
-    finite value or a null."""
+    finite value or a null. A row with a sequential test (``Row.test``) is decided by it: ``holds`` when it rejected
+    with the value on ``side`` of the null's centre, ``borderline`` when its draws reached their cap undecided."""
     if row is None or not _finite(row.value):
         return INSEPARABLE if row is not None and (row.note or "").startswith("the target is a function") \
             else UNTESTABLE
@@ -46,15 +52,60 @@ def beyond_null(row: Row | None, side: str = "above") -> str:
         return UNTESTABLE
     if _flat_null(row):
         return INSEPARABLE
-    cleared = row.value > row.null_high if side == "above" else row.value < row.null_low
-    return HOLDS if cleared else FAILS
+    beyond = row.value > row.null_high if side == "above" else row.value < row.null_low
+    if row.test:  # a sequential test decided it: its decision, on the claimed side of the null
+        centre = (row.null_low + row.null_high) / 2
+        on_side = row.value > centre if side == "above" else row.value < centre
+        if row.test["decision"] == UNDECIDED:
+            return BORDERLINE if on_side or beyond else FAILS
+        return HOLDS if row.test["decision"] == REJECT and on_side else FAILS
+    return HOLDS if beyond else FAILS
 
 
-def not_beyond_null(row: Row | None, side: str = "above") -> str:
+def detectable(row: Row | None, side: str = "above", power: float = POWER) -> float:
+    """The smallest effect (a shift of the statistic from its null's centre, toward ``side``) the test would find
+    with probability ``power`` at the toolkit's level: the null's half-range on that side times (z_{1-a/2} +
+    z_power) / z_{1-a/2}, the null taken as normal and the effect as a shift of it (half-range 0.171 bits: 0.244
+    bits at 80% power). NaN without a finite null."""
+    from scipy.stats import norm
+
+    if row is None or not (_finite(row.null_low) and _finite(row.null_high)):
+        return float("nan")
+    z = norm.isf((1 - CI_LEVEL) / 2)
+    half = (row.null_high - row.null_low) / 2
+    return float(half * (z + norm.ppf(power)) / z)
+
+
+def not_beyond_null(row: Row | None, side: str = "above", delta: float | None = None) -> str:
     """A claim that a number stays inside its null on ``side`` (e.g. cutting the axis harms behaviour no more than
-    cutting matched random axes: the axis is a readout, not a bottleneck): the negation of ``beyond_null``."""
-    verdict = beyond_null(row, side)
-    return {HOLDS: FAILS, FAILS: HOLDS}.get(verdict, verdict)
+    cutting matched random axes: the axis is a readout, not a bottleneck): the negation of ``beyond_null``. With
+    the claim's ``delta`` (the effect it says is absent), a non-rejection holds only where the test could have seen
+    it (``detectable`` <= delta); otherwise it is "not testable here"."""
+    verdict = {HOLDS: FAILS, FAILS: HOLDS}.get(beyond_null(row, side), beyond_null(row, side))
+    if verdict == HOLDS and delta is not None and not detectable(row, side) <= delta:
+        return UNTESTABLE
+    return verdict
+
+
+def decodable(row: Row | None) -> str:
+    """A claim that a held-out R² shows something decodable: ``holds`` when it clears its null and its whole
+    interval lies above 0 (a negative null alone let an R² of 0.005 read "holds weakly"), ``does not hold``
+    otherwise; ``beyond_null``'s other outcomes as they are."""
+    verdict = beyond_null(row, "above")
+    if verdict == HOLDS and not (_finite(row.low) and row.low > 0):
+        return FAILS
+    return verdict
+
+
+def family(rows: Iterable[Row], side: str = "above") -> tuple[list[Row], list[Row]]:
+    """One decision over a claim's cells (k, layers): (the cells that survive Holm's step-down over their p-values
+    (``Row.test``) on ``side``, the cells whose test reached its cap undecided). A location is named only when it
+    survives; the family's chance of naming a null cell is at most the level."""
+    rows = [r for r in rows if r.test and _finite(r.test.get("p"))]
+    on_side = [(r.value > (r.null_low + r.null_high) / 2) == (side == "above") for r in rows]
+    survive = holm([r.test["p"] if ok else float("nan") for r, ok in zip(rows, on_side)])
+    return ([r for r, ok in zip(rows, survive) if ok],
+            [r for r, ok in zip(rows, survive) if not ok and r.test["decision"] == UNDECIDED])
 
 
 def from_deconfounded(claim: str | None) -> str:
@@ -117,7 +168,7 @@ def none_beyond(rows: Iterable[Row], side: str = "above") -> str:
 def worst(verdicts: Iterable[str]) -> str:
     """The weakest of several verdicts on one claim (a claim stated at several layers holds only as far as its
     weakest test)."""
-    order = {FAILS: 0, INSEPARABLE: 1, WEAK: 2, HOLDS: 3, UNTESTABLE: 4}
+    order = {FAILS: 0, INSEPARABLE: 1, BORDERLINE: 2, WEAK: 3, HOLDS: 4, UNTESTABLE: 5}
     verdicts = list(verdicts)
     return min(verdicts, key=order.__getitem__) if verdicts else UNTESTABLE
 
@@ -136,6 +187,9 @@ def fmt(row: Row | None, digits: int = 3, pct: bool = False) -> str:
         text += f" ({(row.interval or 'interval').replace(' 95%', '')} {num(row.low)}, {num(row.high)})"
     if _finite(row.null_low) and _finite(row.null_high):
         text += f" vs {(row.null or 'null').split(' (')[0]} null [{num(row.null_low)}, {num(row.null_high)}]"
+    if row.test:
+        t = row.test
+        text += f", p = {t['p']:.3g} [{t['low']:.3g}, {t['high']:.3g}] after {t['draws']} draws"
     return text
 
 

@@ -18,6 +18,7 @@ from scipy import stats
 
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap, interval, is_constant
+from .arrays import ranks
 
 
 def standardise(x) -> np.ndarray:
@@ -109,14 +110,16 @@ def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0)
 
 
 def correlations(a, b) -> dict:
-    """Pearson r and Spearman rho of two 1-D arrays; NaN, with the reason, when either is constant up to
-    rounding (a correlation of rounding noise would be a number that means nothing)."""
+    """Pearson r and Spearman rho of two 1-D arrays (rho: Pearson of ``arrays.ranks``, ties up to rounding tied, as
+    in ``deconfounded_correlation``); NaN, with the reason, when either is constant up to rounding (a correlation
+    of rounding noise would be a number that means nothing)."""
     a, b = as_float64(a), as_float64(b)
     flat = [name for name, x in (("first", a), ("second", b)) if is_constant(x)]
     if flat:
         return dict(pearson=float("nan"), spearman=float("nan"),
                     reason=f"the {' and '.join(flat)} input is constant up to rounding")
-    return dict(pearson=float(stats.pearsonr(a, b).statistic), spearman=float(stats.spearmanr(a, b).statistic))
+    return dict(pearson=float(stats.pearsonr(a, b).statistic),
+                spearman=float(stats.pearsonr(ranks(a), ranks(b)).statistic))
 
 
 def spearman(a, b) -> float:

@@ -74,6 +74,21 @@ def p_value(obs: float, draws) -> float:
     return float(min(1.0, 2 * (1 + tail) / (1 + len(d))))
 
 
+def holm(p, alpha: float = round(1 - CI_LEVEL, 12)) -> np.ndarray:
+    """Which of a family of p-values survive Holm's step-down at family-wise level ``alpha``: the i-th smallest
+    (from 0) is held to alpha / (m - i) while all before it cleared theirs. One decision per claim tested over several
+    cells (k, layers, the partial and within readings of one correlation): the chance that any true null survives is
+    at most ``alpha``. NaN p-values (untestable cells) never survive and do not count in m."""
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = len(order)
+    passed = p[order] < alpha / (m - np.arange(m))
+    out = np.zeros(len(p), dtype=bool)
+    out[order[:int(np.argmin(passed)) if not passed.all() else m]] = True
+    return out
+
+
 def significant(p: float, level: float = CI_LEVEL) -> bool:
     """Whether ``p`` clears the level every interval of the toolkit is drawn at (p < 1 - level; NaN never does)."""
     return bool(p < 1 - level)

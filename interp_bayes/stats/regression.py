@@ -10,6 +10,8 @@ variance that still lies between strata (0 when the strata's means are removed e
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .arrays import CONSTANT_RTOL, as_float64
@@ -68,6 +70,14 @@ def residualize(train, test=None, cov_train=None, cov_test=None):
         return res_train
     t = as_float64(test)
     return res_train, t - _with_intercept(as_float64(cov_test).reshape(len(t), -1)) @ beta
+
+
+def residualizer(cov) -> Callable[[np.ndarray], np.ndarray]:
+    """``residualize(y, cov_train=cov)`` as a function of y, the least-squares operator (a pseudo-inverse) computed
+    once: for many targets on one design (a permutation null's batches)."""
+    design = _with_intercept(as_float64(cov).reshape(len(cov), -1))
+    pinv = np.linalg.pinv(design)  # the minimum-norm least squares, as lstsq; the residuals are the same projection
+    return lambda y: as_float64(y) - design @ (pinv @ as_float64(y))
 
 
 def centre_within(x, strata) -> np.ndarray:
