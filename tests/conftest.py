@@ -86,3 +86,16 @@ def value_edit(hf, layer, proj):
     mod.weight[rows] = proj @ mod.weight[rows]
     if mod.bias is not None:
         mod.bias[rows] = proj @ mod.bias[rows]
+
+
+def confounded_null(seed: int, n: int = 75, r: float = 0.9):
+    """Planted null for deconfounding tests: x and y both follow one continuous confound (correlation ``r`` each,
+    a prompt length of mean 30) and nothing else. Returns (x, y, length)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal(n)
+    length = np.round(30 + 8 * c)
+    x = r * c + np.sqrt(1 - r * r) * rng.standard_normal(n)
+    y = r * c + np.sqrt(1 - r * r) * rng.standard_normal(n)
+    return x, y, length

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -246,7 +247,10 @@ def test_help_is_fast_and_version_answers(capsys):
     assert "torch" not in probe.stderr and "transformers" not in probe.stderr  # nothing heavy is imported
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert "interp-bayes 0.5.1" in capsys.readouterr().out
+    import tomllib
+
+    version = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert f"interp-bayes {version}" in capsys.readouterr().out  # the package's version is pyproject's
 
 
 def test_bad_inputs_are_one_sentence(tiny_dirs, tmp_path):

@@ -3,6 +3,7 @@ that combines the partial and within-stratum tests of one correlation (planted n
 
 import numpy as np
 
+from conftest import confounded_null
 from interp_bayes.stats import covariate_basis, deconfounded_correlation, fine_strata, holm
 
 ALPHA = 0.05
@@ -31,11 +32,7 @@ def test_the_combined_deconfounded_verdict_fires_at_most_alpha_under_a_confounde
     measured 3, with 11 borderline); the old rule (partial or within, each at 5%) fires more (16)."""
     fired, either = 0, 0
     for seed in range(200):
-        rng = np.random.default_rng(seed)
-        c = rng.standard_normal(75)
-        length = np.round(30 + 8 * c)
-        x = 0.9 * c + np.sqrt(1 - 0.81) * rng.standard_normal(75)
-        y = 0.9 * c + np.sqrt(1 - 0.81) * rng.standard_normal(75)
+        x, y, length = confounded_null(seed)
         dec = deconfounded_correlation(x, y, covariate_basis({"length": length}, continuous=("length",)),
                                        fine_strata(length), n_perm=1000, seed=seed)
         fired += dec.verdict("pearson") in FIRES

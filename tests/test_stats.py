@@ -9,6 +9,7 @@ import torch
 import yaml
 from scipy.linalg import hadamard
 
+from conftest import confounded_null
 from interp_bayes import stats
 from interp_bayes.analyses.axis import cross_fitted_projections, fit_entropy_axis
 from interp_bayes.stats.confounds import covariate_matrix
@@ -198,11 +199,7 @@ def test_fine_strata_hold_the_within_test_at_its_level_under_a_strong_continuous
     test rejects far more often than 5% (the confound still varies within a quintile); fine strata do not."""
     fine, coarse = 0, 0
     for seed in range(200):
-        rng = np.random.default_rng(seed)
-        c = rng.standard_normal(75)
-        length = np.round(30 + 8 * c)
-        x = 0.9 * c + np.sqrt(1 - 0.81) * rng.standard_normal(75)
-        y = 0.9 * c + np.sqrt(1 - 0.81) * rng.standard_normal(75)
+        x, y, length = confounded_null(seed)
         cov = covariate_matrix({"length": length})
         fine += deconfounded_correlation(x, y, cov, fine_strata(length), n_perm=200, seed=seed).p["within"][
             "pearson"] < ALPHA
