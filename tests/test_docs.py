@@ -104,13 +104,14 @@ def test_tables_and_values_render_from_records(tmp_path):
     text = ("x\n<!-- snapshot s/t -->\n<!-- /snapshot -->\nbest <!-- snapshot s/best -->?<!-- /snapshot -->, "
             "worst <!-- snapshot s/worst -->?<!-- /snapshot --> of <!-- snapshot s/n --><!-- /snapshot -->; "
             "<!-- snapshot s/one -->0.25<!-- /snapshot -->\n")
-    new, stale = render(text, root)
+    quoted_in_code = "the syntax: `<!-- snapshot s/t -->` ... `<!-- /snapshot -->`\n"  # described, not filled
+    new, stale = render(text + quoted_in_code, root)
     assert stale == ["s/t", "s/best", "s/worst", "s/n"]  # s/one was already right
     assert new == ("x\n<!-- snapshot s/t -->\n| model | R² | share |\n|---|---|---|\n"
                    "| a L0 | 0.50 [0.40, 0.60] | 0.2 |\n| a L1 | NaN [—, —] | — |\n| b L0 | -0.12 [-0.20, 0.10] | — |\n"
                    "<!-- /snapshot -->\nbest <!-- snapshot s/best -->0.500 (a L0)<!-- /snapshot -->, "
                    "worst <!-- snapshot s/worst -->-0.125<!-- /snapshot --> of <!-- snapshot s/n -->3<!-- /snapshot -->; "
-                   "<!-- snapshot s/one -->0.25<!-- /snapshot -->\n")
+                   "<!-- snapshot s/one -->0.25<!-- /snapshot -->\n" + quoted_in_code)
     assert render(new, root) == (new, [])
 
 
@@ -121,6 +122,7 @@ def test_tables_and_values_render_from_records(tmp_path):
     ({"rows": {"nope": 1}, "format": "{value}"}, "no column nope"),
     ({"rows": {"metric": "share"}, "format": "{missing}"}, "cannot be filled"),
     ({"rows": {"metric": "r2"}, "agg": "mean", "format": "{value}"}, "agg must be one of"),
+    ({"rows": {"metric": "r2"}, "agg": "max", "field": "model", "format": "{value}"}, "not a numeric column"),
     ({"rows": {"metric": "zzz"}, "key": ["model"], "columns": [{"head": "h", "text": "{model}"}]}, "no record matches"),
 ])
 def test_a_bad_entry_is_refused_in_one_sentence(tmp_path, entry, message):

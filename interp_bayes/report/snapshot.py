@@ -27,8 +27,9 @@ from ..core.store import atomic_write_text, read_yaml, write_json
 
 RESULTS, LEDGER, META, SPEC = "results.csv", "ledger.csv", "snapshot.json", "docs.yaml"
 LEDGER_COLUMNS = ("subject", "key", "claim", "verdict", "evidence")
-# a marker and the text it holds; NAME/ENTRY are plain names, so a stray comment is never taken for one
-MARKER = re.compile(r"<!-- snapshot ([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+) -->(.*?)<!-- /snapshot -->", re.DOTALL)
+# a marker and the text it holds; NAME/ENTRY are plain names, so a stray comment is never taken for one, and a
+# marker right after a backquote is one quoted in code (a doc describing the syntax), not one to fill
+MARKER = re.compile(r"(?<!`)<!-- snapshot ([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+) -->(.*?)<!-- /snapshot -->", re.DOTALL)
 AGGREGATES = ("one", "max", "min", "count")
 
 
@@ -169,7 +170,10 @@ def _value(spec: dict, records: list[dict], what: str) -> str:
         if len(records) != 1:
             raise ConfigError(f"{what}: {len(records)} records match where one must; narrow its rows.")
         return _fill(spec["format"], records[0], what)
-    numbers = [r for r in records if r[field] not in ("", "nan") and not math.isnan(float(r[field]))]
+    try:
+        numbers = [r for r in records if r[field] != "" and not math.isnan(float(r[field]))]
+    except (KeyError, ValueError):
+        raise ConfigError(f"{what}: {field} is not a numeric column of the matching records.") from None
     if not numbers:
         raise ConfigError(f"{what}: no matching record has a number in {field}.")
     pick = (max if agg == "max" else min)(numbers, key=lambda r: float(r[field]))
