@@ -3,10 +3,10 @@ its committed snapshot (docs/snapshots/NAME) renders, every entry a snapshot def
 a number (in the snapshot or in the doc) fails until the doc follows. Reads files only; runs no model.
 
 The check failed on docs/rivals.md §5 as it stood before this test (pre-0.3.0 row-fold decoding numbers), its
-decoding table wrapped in a marker with the old numbers kept:
-``interp-bayes docs docs/rivals.md --check`` -> exit 1, "docs/rivals.md: windtunnels/decoding"; the rendered rows
-differ in every cell (HMM resid L2 deconfounded exact entropy 0.364 -> -0.081, bijection z L1 0.235 -> -0.319,
-bijection-repl resid L1 0.680 -> 0.610).
+decoding table wrapped in a marker with the old numbers kept (commit ab8791d): ``interp-bayes docs docs/rivals.md
+--check`` -> exit 1, "docs/rivals.md: windtunnels/decoding", and this file's first test fails; every row of the
+table differs (deconfounded R²: hmm-cpu resid L2 exact entropy 0.364 -> -0.081, model entropy 0.494 -> -0.121;
+bijection-cpu z L1 0.235 -> -0.319; bijection-repl-cpu resid L1 0.680 -> 0.610).
 """
 
 import shutil
