@@ -10,7 +10,7 @@ ARGS   ?=
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser test test-slow sweep bench train-paper gpu-wheels gpu-run clean
+.PHONY: setup browser test test-slow sweep bench docs-snapshot train-paper gpu-wheels gpu-run clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,22 @@ bench: $(STAMP)
 	$(PY) bench/windtunnel.py
 	$(PY) bench/dynamics.py
 	$(PY) bench/grid.py
+
+# The numbers the docs quote (issue 36): docs/snapshots/NAME/ holds one sweep's results.csv, ledger.csv and
+# snapshot.json, and docs.yaml, the tables and values the docs take from them. This reruns the sweep in a fresh folder
+# (nothing cached from older code), rewrites the snapshot and refills every <!-- snapshot NAME/ENTRY --> block of
+# docs/ and README.md; tests/test_docs.py fails while a block differs from its snapshot. Reread the prose around the
+# blocks that changed (the command lists them). About 5 minutes on one core.
+DOCS_OUT      ?= reports/docs-snapshot
+WT_DOC_PROBES := decoding_windtunnel decoding_windtunnel_replacement decoding_windtunnel_hmm martingale_windtunnel \
+                 martingale_windtunnel_replacement entropy_neurons_windtunnel entropy_neurons_windtunnel_hmm \
+                 entropy_neurons_windtunnel_replacement
+docs-snapshot: $(STAMP)
+	rm -rf $(DOCS_OUT)/windtunnels
+	$(VENV)/bin/interp-bayes sweep --model smollm2-135m --out $(DOCS_OUT)/windtunnels --threads 1 --quiet \
+	  --probes $(WT_DOC_PROBES)
+	$(VENV)/bin/interp-bayes results $(DOCS_OUT)/windtunnels/smollm2-135m/* --snapshot docs/snapshots/windtunnels
+	$(VENV)/bin/interp-bayes docs docs/*.md README.md
 
 # Paper-size wind tunnels on one GPU (hours; never run on the 2-core machine): the bijection, the paper's HMM, the
 # sticky HMM and associative recall, each as a transformer and as every other architecture matched to its parameter

@@ -157,6 +157,12 @@ def _results(args: argparse.Namespace) -> int:
     from .report.view import RunView
     from .core.results import to_csv, to_json
 
+    if args.snapshot:
+        from .report.snapshot import write_snapshot
+
+        for path in write_snapshot(args.run, args.snapshot):
+            print(path)
+        return 0
     view = RunView.load(args.run)
     text = (to_csv if args.format == "csv" else to_json)(view.rows(), view.origins())
     if args.out:
@@ -169,12 +175,16 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _add_results_arguments(p: argparse.ArgumentParser) -> None:
-    from .core.checks import out_file_arg
+    from .core.checks import out_file_arg, out_folder_arg
 
     p.add_argument("run", help="run folder written by `interp-bayes sweep`")
     p.add_argument("--format", choices=["csv", "json"], default="csv",
                    help="csv: one row per number, scope keys as columns; json: the rows as objects (default csv)")
-    p.add_argument("--out", type=out_file_arg, help="write to this file instead of standard output")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=out_file_arg, help="write to this file instead of standard output")
+    where.add_argument("--snapshot", metavar="DIR", type=out_folder_arg,
+                       help="write the snapshot that docs quote into DIR: results.csv, ledger.csv (the claims' "
+                            "verdicts), snapshot.json (model, seed, probes); DIR's docs.yaml is kept")
 
 
 def _run_module(module: str, func: str):
@@ -196,6 +206,9 @@ COMMANDS = {
               _run_module(".windtunnel.train", "run_train")),
     "dynamics": ("Paper II: gradient laws, SGD vs EM on the sticky chain, frame vs precision",
                  (".dynamics.cli", "add_dynamics_arguments"), _run_module(".dynamics.cli", "dynamics_main")),
+    "docs": ("refill the <!-- snapshot NAME/ENTRY --> blocks of markdown files from committed run snapshots "
+             "(--check: name the stale ones)", (".report.snapshot", "add_docs_arguments"),
+             _run_module(".report.snapshot", "docs_main")),
     "models": ("list the registry's model aliases", None, _models),
     "grid": ("run many sweeps (models x revisions x seeds) locally or on Ray, and build the grid page",
              (".run.grid", "add_grid_arguments"), _run_module(".run.grid", "grid_main")),

@@ -76,6 +76,31 @@ def test_results_name_the_run_and_the_model_of_every_row(runs, capsys):
     assert records and all(r["model"] == "deep-llama3" and r["run"] == deep.name for r in records)
 
 
+def test_a_snapshot_holds_the_rows_the_verdicts_and_the_recipes(runs, tmp_path, capsys):
+    """`results RUN --snapshot DIR`: the rows exactly as `results` exports them, one ledger line per claim, and what
+    ran; a docs.yaml already in DIR is kept; an empty folder is refused with exit 2 and nothing written."""
+    from interp_bayes.report.ledger import collect
+    from interp_bayes.report.view import RunView
+
+    first, out = runs["first"], tmp_path / "snap"
+    out.mkdir()
+    (out / "docs.yaml").write_text("kept: {}\n")
+    assert cli.main(["results", str(first), "--snapshot", str(out)]) == 0
+    assert (out / "results.csv").read_text() == (first / "results.csv").read_text()
+    claims = collect(RunView.load(first))
+    ledger = _csv((out / "ledger.csv").read_text())
+    assert claims and [(r["key"], r["verdict"], r["evidence"]) for r in ledger] == \
+        [(c.key, c.verdict, c.evidence) for c in claims]
+    meta = read_json(out / "snapshot.json")
+    assert meta["run"] == first.name and meta["seed"] == 0
+    assert sorted(p["name"] for p in meta["probes"]) == sorted(TOY_PROBES)
+    assert (out / "docs.yaml").read_text() == "kept: {}\n"
+    capsys.readouterr()
+    empty = tmp_path / "empty"
+    assert cli.main(["results", str(empty), "--snapshot", str(tmp_path / "nothing")]) == 2
+    assert "not a run folder" in capsys.readouterr().err and not (tmp_path / "nothing").exists()
+
+
 def _matrix_row(page: str, claim: str) -> str:
     table = re.search(r'<table class="ledger matrix">.*?</table>', page, re.S).group(0)
     (row,) = [r for r in re.findall(r"<tr[^>]*>.*?</tr>", table, re.S) if claim in r]
