@@ -89,7 +89,7 @@ class WindtunnelParams(TunnelParams):
     seed: int = 2024  # the sequence draws
     folds: int = 5
     n_boot: int = 1000
-    n_null: int = 200
+    n_null: int = 1000  # null clouds of the PC shares at most (drawn until the share's test is settled)
     method: Literal["pc1", "ridge"] = "pc1"
     fit: str = "cross"
     layer_sets: tuple = ((-1,),)
@@ -217,7 +217,8 @@ def run(ctx, p: WindtunnelParams) -> Result:
                                          n_perm=p.n_perm, seed=ctx.config.seed, metric="corr_held_out_projection",
                                          scope=scope)
     scores = key_orthogonality(model)
-    null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, seed=ctx.config.seed)
+    null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, float(np.median(scores)),
+                                  seed=ctx.config.seed)
     rows += [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
                  float(scores[layer].max()), "range over heads", null["range"][0], null["range"][1],
                  "gaussian W_K", scores.shape[1]) for layer in range(n)]
