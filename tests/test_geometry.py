@@ -192,3 +192,29 @@ def test_pca_falls_back_to_gesvd_when_gesdd_does_not_converge(monkeypatch):
     r2, c2, s2 = geometry.pca(x)
     np.testing.assert_allclose(r2, ratios, rtol=1e-10)
     np.testing.assert_allclose(np.abs(np.sum(c2 * comps, axis=1)), 1.0, rtol=1e-10)  # the same axes, up to sign
+
+
+def test_focusing_reduction_interval_drawn_until_settled_against_zero():
+    """Issue 36: the first-to-last reduction's bootstrap interval is drawn until it is settled on one side of 0
+    (``stats.beyond``), ``n_boot`` the cap, and the ledger reads that decision with the draws recorded. A clear fall
+    settles after ~550 of 1000 draws, no fall after one batch, and a cap of 200 leaves the clear fall borderline."""
+    from interp_bayes.core.results import Row
+    from interp_bayes.stats import ledger as L
+
+    rng = np.random.default_rng(0)
+    first = torch.tensor(3.0 + 0.3 * rng.standard_normal((60, 4)))
+    fall = attention_focusing({0: first, 5: torch.tensor(1.5 + 0.3 * rng.standard_normal((60, 4)))}, n_boot=1000)
+    t = fall["reduction_test"]
+    assert t["decision"] == "reject" and 500 <= t["draws"] < 1000 and fall["reduction_ci"] == list(t["null"])
+    assert 0 < fall["reduction_ci"][0] < fall["reduction"] < fall["reduction_ci"][1]
+
+    def verdict(f):
+        return L.interval_side(Row("focusing_reduction", f["reduction"], low=f["reduction_ci"][0],
+                                   high=f["reduction_ci"][1], test=f["reduction_test"]), "above", 0.0)
+
+    assert verdict(fall) == L.HOLDS
+    flat = attention_focusing({0: first, 5: first + 0.01 * torch.tensor(rng.standard_normal((60, 4)))}, n_boot=1000)
+    assert flat["reduction_test"]["decision"] == "accept" and flat["reduction_test"]["draws"] == 50
+    assert verdict(flat) in (L.WEAK, L.FAILS)
+    capped = attention_focusing({0: first, 5: torch.tensor(1.5 + 0.3 * rng.standard_normal((60, 4)))}, n_boot=200)
+    assert capped["reduction_test"]["decision"] == "undecided" and verdict(capped) == L.BORDERLINE

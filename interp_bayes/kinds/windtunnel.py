@@ -224,7 +224,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
                  "gaussian W_K", scores.shape[1]) for layer in range(n)]
     f = attention_focusing(acts.readings["attn_entropy"], groups=acts.groups, n_boot=p.n_boot, seed=ctx.config.seed)
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
-                    n=f["n_prompts"]))
+                    n=f["n_prompts"], test=f["reduction_test"]))
     fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides
     from ..core.layers import layer_index  # a layer outside the checkpoint is refused, not wrapped around
     sets = [[layer_index(x, n) for x in s] for s in p.layer_sets]
