@@ -27,7 +27,8 @@ One machinery for every use: the exceedance rate of a Bernoulli stream against a
   toolkit's equal-tailed p = 2 min(upper, lower), as ``permutation.p_value``);
 - a bootstrap interval against a threshold: the threshold lies below the central ``CI_LEVEL`` interval iff the
   share of bootstrap draws at or below it is under (1 - CI_LEVEL) / 2, i.e. ``sequential_test(boot, threshold,
-  alpha=1 - CI_LEVEL, alternative="less", ...)`` with a one-tailed level of (1 - CI_LEVEL) / 2 (``beyond``);
+  alpha=1 - CI_LEVEL, alternative="less", ...)`` with a one-tailed level of (1 - CI_LEVEL) / 2 (``beyond``;
+  ``beyond_each`` for several statistics of one draw, e.g. every step of a curve);
 - the true edit's rank among random controls: the controls' effects are the null draws and the claim is one-tailed
   (the true edit beyond them), with the recipe's count of controls as the cap.
 
