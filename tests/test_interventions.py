@@ -130,7 +130,8 @@ def test_runner_rows_and_summary(tiny_dirs):
     controls = {"isotropic": 2, "matched": 2, "pcs": 1}
     res = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev,
                             EditProtocol([[1]], controls=controls), label_tokens=labels, progress=False)
-    assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (1 + 24) * 10
+    # an unperturbed run with the true edits and the PCs, another with the one batch of random controls (cap 2)
+    assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (2 + 24) * 10
     table = res.table()
     assert set(table.kind) == {"true", "isotropic", "matched", "pcs"}
     assert (table.kl_bits >= -1e-9).all() and table.kl_bits.max() > 0
