@@ -423,6 +423,7 @@ def test_a_case_inside_its_controls_stops_as_accept_and_extends_the_fixed_count_
     each rank is settled inside its controls after a few batches of 5 (accept), well before the cap of 40, and the
     readout claim holds on the settled draws; the draws are, row for row, the first ones of a run that draws the
     whole cap in one batch (same seed: the same axes, the same numbers)."""
+    from interp_bayes.analyses.interventions import MIN_DRAWS
     from interp_bayes.stats.ledger import HOLDS, not_beyond_null
     from interp_bayes.stats.sequential import ACCEPT
 
@@ -438,5 +439,7 @@ def test_a_case_inside_its_controls_stops_as_accept_and_extends_the_fixed_count_
         pd.testing.assert_frame_equal(seq, whole.head(1 + test["draws"]), check_exact=True)
     rows = summarize(res, planted.task, n_boot=20)
     true = find(rows, "effect", op="cut", measure="mae_k_ge_1", family="true")
-    # settled: a range and a readout verdict even below MIN_DRAWS; the true row is decided by the matched test
-    assert true.test == test and true.null_low is not None and not_beyond_null(true) == HOLDS
+    pct = find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="matched")
+    # settled: a range and a readout verdict even below MIN_DRAWS, read from the draws used as before
+    assert pct.test == test and pct.n == test["draws"] < MIN_DRAWS and true.test is None
+    assert true.null == f"matched controls ({test['draws']} draws)" and not_beyond_null(true) == HOLDS
