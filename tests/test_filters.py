@@ -177,3 +177,18 @@ def test_mean_matrix_filter_uses_the_family_average_and_every_observation():
     post = b.posterior.double()
     kl = {name: kl_bits(post, torch.log(q)).mean() for name, q in baseline_posteriors(task, b).items()}
     assert kl["mean-matrices"] < kl["window-4"] < kl["uniform"]  # this family is predictable: memory is what counts
+
+
+def test_paired_margin_draws_until_the_interval_is_settled_against_zero():
+    """Issue 36: ``beats`` is the sequential decision of the interval against 0 (``stats.beyond``), ``n_boot`` the
+    cap, with the draws recorded: a clear margin settles after ~550 of 2000 draws, a clear loss after one batch, and
+    a cap of 200 leaves the clear margin undecided (None: borderline)."""
+    rng = np.random.default_rng(1)
+    win, lose = rng.normal(1.0, 1.0, (200, 3)), rng.normal(-1.0, 1.0, (200, 3))
+    clear = paired_margin(win, np.zeros((200, 3)))
+    assert clear["beats"] is True and clear["test"]["decision"] == "reject" and 500 <= clear["test"]["draws"] < 2000
+    assert clear["margin_ci"] == list(clear["test"]["null"]) and clear["margin_ci"][0] > 0
+    loss = paired_margin(lose, np.zeros((200, 3)))
+    assert loss["beats"] is False and loss["test"]["draws"] == 50
+    capped = paired_margin(win, np.zeros((200, 3)), n_boot=200)
+    assert capped["beats"] is None and capped["test"]["decision"] == "undecided" and capped["test"]["draws"] == 200

@@ -66,7 +66,32 @@ def test_nulls_match_structureless_data_and_reject_planted_structure():
     assert abs(perm["pc1_mean"] - gauss["pc1_mean"]) < 0.01
     assert 1 / 192 < gauss["pc1_mean"] < 0.1  # set by n = 75, far above 1/d
     x, _, _ = planted(n=75, d=192, a=12.0)  # population PC1 share about 0.43
-    assert shares(spectrum(x))[0] > null_shares(x, "permuted", n_draws=50)["pc1_range"][1] + 0.2
+    assert shares(spectrum(x))[0] > null_shares(x, "permuted", n_draws=100)["pc1_range"][1] + 0.2
+
+
+def test_null_shares_draw_until_the_share_is_decided_and_record_the_draws():
+    """Issue 36: the share's test against its null clouds is drawn in batches until settled, the count a cap. A
+    planted axis is rejected after ~550 clouds (the fewest that settle p < 0.05 at risk 1e-3 with no exceedance),
+    not the cap; structureless data is accepted after one batch; a cap below 550 leaves the planted axis undecided
+    (the ledger's "borderline"), each with the draws it used recorded on the row."""
+    from interp_bayes.kinds.common import manifold_rows
+    from interp_bayes.stats import ledger as L
+
+    x, y, _ = planted(n=75, d=48, a=12.0)
+    null = null_shares(x, "permuted", n_draws=1000)
+    t = null["pc1_test"]
+    assert t["decision"] == "reject" and 500 <= t["draws"] < 1000 and t["p"] < 0.01
+    assert null["pc1_range"] == list(t["null"]) and null["pc1_range"][1] < shares(spectrum(x))[0]
+    noise = np.random.default_rng(3).standard_normal((75, 48))
+    quiet = null_shares(noise, "gaussian", n_draws=1000)
+    assert quiet["pc1_test"]["decision"] == "accept" and quiet["pc1_test"]["draws"] <= 100
+    rep = manifold_report(x, y, n_boot=20, n_null=1000)
+    row = manifold_rows(rep, dict(layer=0))[0]
+    assert row.metric == "pc1_share" and row.test["draws"] == rep["nulls"]["permuted"]["pc1_test"]["draws"] < 1000
+    assert row.null == f"permuted ({row.test['draws']} draws)" and L.beyond_null(row) == L.HOLDS
+    capped = manifold_rows(manifold_report(x, y, n_boot=20, n_null=200), dict(layer=0))[0]
+    assert capped.test["decision"] == "undecided" and capped.test["draws"] == 200
+    assert L.beyond_null(capped) == L.BORDERLINE
 
 
 def test_manifold_report_orients_pc1_with_entropy():
@@ -92,8 +117,13 @@ def test_key_orthogonality_against_direct_loop(tiny):
 def test_key_orthogonality_null_near_analytic_and_orthonormal_keys_score_zero(tiny_dirs):
     from interp_bayes.model.loading import load_model
 
-    null = key_orthogonality_null(512, 16, n_draws=50)
-    assert null["mean"] == pytest.approx(null["analytic"], rel=0.05)
+    analytic = math.sqrt(2 / (math.pi * 512))
+    null = key_orthogonality_null(512, 16, analytic, n_draws=1000)  # a score at the null: accepted in one batch
+    assert null["mean"] == pytest.approx(null["analytic"], rel=0.05) and null["analytic"] == analytic
+    assert null["test"]["decision"] == "accept" and null["test"]["draws"] == 50
+    far = key_orthogonality_null(512, 16, 0.15, n_draws=1000)  # the papers' keys: far above chance
+    assert far["test"]["decision"] == "reject" and 500 <= far["test"]["draws"] < 1000
+    assert far["range"][1] < 0.15 and far["range"] == list(far["test"]["null"])
     bridge = load_model(tiny_dirs["llama3"])
     with torch.no_grad():  # orthonormal columns in every kv head of layer 0
         k_proj = bridge.original_model.model.layers[0].self_attn.k_proj
@@ -162,3 +192,29 @@ def test_pca_falls_back_to_gesvd_when_gesdd_does_not_converge(monkeypatch):
     r2, c2, s2 = geometry.pca(x)
     np.testing.assert_allclose(r2, ratios, rtol=1e-10)
     np.testing.assert_allclose(np.abs(np.sum(c2 * comps, axis=1)), 1.0, rtol=1e-10)  # the same axes, up to sign
+
+
+def test_focusing_reduction_interval_drawn_until_settled_against_zero():
+    """Issue 36: the first-to-last reduction's bootstrap interval is drawn until it is settled on one side of 0
+    (``stats.beyond``), ``n_boot`` the cap, and the ledger reads that decision with the draws recorded. A clear fall
+    settles after ~550 of 1000 draws, no fall after one batch, and a cap of 200 leaves the clear fall borderline."""
+    from interp_bayes.core.results import Row
+    from interp_bayes.stats import ledger as L
+
+    rng = np.random.default_rng(0)
+    first = torch.tensor(3.0 + 0.3 * rng.standard_normal((60, 4)))
+    fall = attention_focusing({0: first, 5: torch.tensor(1.5 + 0.3 * rng.standard_normal((60, 4)))}, n_boot=1000)
+    t = fall["reduction_test"]
+    assert t["decision"] == "reject" and 500 <= t["draws"] < 1000 and fall["reduction_ci"] == list(t["null"])
+    assert 0 < fall["reduction_ci"][0] < fall["reduction"] < fall["reduction_ci"][1]
+
+    def verdict(f):
+        return L.interval_side(Row("focusing_reduction", f["reduction"], low=f["reduction_ci"][0],
+                                   high=f["reduction_ci"][1], test=f["reduction_test"]), "above", 0.0)
+
+    assert verdict(fall) == L.HOLDS
+    flat = attention_focusing({0: first, 5: first + 0.01 * torch.tensor(rng.standard_normal((60, 4)))}, n_boot=1000)
+    assert flat["reduction_test"]["decision"] == "accept" and flat["reduction_test"]["draws"] == 50
+    assert verdict(flat) in (L.WEAK, L.FAILS)
+    capped = attention_focusing({0: first, 5: torch.tensor(1.5 + 0.3 * rng.standard_normal((60, 4)))}, n_boot=200)
+    assert capped["reduction_test"]["decision"] == "undecided" and verdict(capped) == L.BORDERLINE

@@ -35,7 +35,9 @@ from interp_bayes.windtunnel.kalman import (
     evaluate_kalman,
     kalman_loss,
     kalman_readings,
+    paired_difference,
     predict_gaussian,
+    target_verdict,
 )
 from interp_bayes.windtunnel.train import save_folder, train_main, train_windtunnel
 
@@ -366,3 +368,21 @@ def test_committed_kalman_checkpoint_reproduces_its_recorded_metrics(folder):
     for w, rec in recorded["windows"].items():  # the baselines are exact computations: equal to rounding
         np.testing.assert_allclose(got["windows"][w]["per_position"]["kl_bits"], rec["per_position"]["kl_bits"],
                                    rtol=1e-9, atol=1e-12)
+
+
+def test_paired_difference_draws_until_every_step_is_settled_against_zero():
+    """Issue 36: each step's paired interval is drawn until settled on one side of 0 (``stats.beyond_each``,
+    ``n_boot`` the cap) with its draws recorded; ``met_with_interval`` is True only when every step settled below 0,
+    False once one settled not to, None (borderline) when a step stayed undecided at the cap."""
+    rng = np.random.default_rng(2)
+    window = {"w2": torch.zeros(300, 6), "kl_bits": torch.zeros(300, 6)}
+    below = {k: torch.tensor(rng.normal(-1.0, 1.0, (300, 6))) for k in window}
+    diff = paired_difference(below["w2"], window["w2"], n_boot=1000)
+    assert diff["decision"] == ["reject"] * 6 and all(500 <= d < 1000 for d in diff["draws"])
+    assert max(diff["high"]) < 0
+    assert target_verdict(below, {2: window}, n_boot=1000)["w2"]["met_with_interval"] is True
+    above = {k: v.clone() for k, v in below.items()}
+    above["kl_bits"][:, 4] += 2.0  # step 5 clearly above the window: settled after one batch
+    got = target_verdict(above, {2: window}, n_boot=1000)["kl_bits"]
+    assert got["met_with_interval"] is False and got["difference"]["draws"][2] == 50
+    assert target_verdict(below, {2: window}, n_boot=200)["w2"]["met_with_interval"] is None

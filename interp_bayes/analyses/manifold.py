@@ -16,7 +16,7 @@ def manifold_summary(values, entropy) -> dict:
                 dim=int(as_float64(values).shape[1]))
 
 
-def manifold_report(values, entropy, *, bayes_entropy=None, groups=None, n_boot: int = 1000, n_null: int = 200,
+def manifold_report(values, entropy, *, bayes_entropy=None, groups=None, n_boot: int = 1000, n_null: int = 1000,
                     seed: int = 0) -> dict:
     """Everything Paper III measures on one value cloud, with intervals and nulls (the bootstrap over whole
     ``groups`` of rows where given: a wind tunnel's sequences).

@@ -167,9 +167,10 @@ def manifold_rows(rep: dict, scope: dict, *, entropy_label: str = "entropy") -> 
         else:
             ci, kind, count = rep["bootstrap"][f"{which}_ci"], "bootstrap 95%", rep["bootstrap"]["n_boot"]
         perm = nulls["permuted"]
+        test = perm[f"{which}_test"]  # the share against the permuted null, drawn until settled
         rows.append(Row(f"{which}_share", rep[f"{which}_share"], "share", dict(scope), ci[0], ci[1], kind,
-                        perm[f"{which}_range"][0], perm[f"{which}_range"][1], f"permuted ({perm['n_draws']} draws)",
-                        n, note=f"interval over {count} sets"))
+                        perm[f"{which}_range"][0], perm[f"{which}_range"][1], f"permuted ({test['draws']} draws)",
+                        n, note=f"interval over {count} sets", test=test))
         boot = rep["bootstrap"]
         rows.append(Row(f"{which}_share_bootstrap_mean", boot[f"{which}_mean"], "share", dict(scope),
                         boot[f"{which}_ci"][0], boot[f"{which}_ci"][1], "bootstrap 95%", n=n))

@@ -39,7 +39,7 @@ def run(ctx, p: FocusingParams) -> Result:
     rows = [Row("attention_entropy", m, "bits", dict(layer=layer), ci[0], ci[1], "bootstrap 95%", n=n)
             for layer, m, ci in zip(f["layers"], f["mean_entropy"], f["ci"])]
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%", n=n,
-                    note="(first - last) / first layer's mean attention entropy"))
+                    note="(first - last) / first layer's mean attention entropy", test=f["reduction_test"]))
     return Result(rows)
 
 

@@ -29,7 +29,7 @@ class ICLParams(Params):
     layers: tuple[int, ...] | str = SULA_LAYERS  # layers collected (shared with the axis and interventions probes)
     at: int | str = -1  # the one layer whose value geometry is analysed, among ``layers`` (-1, "last", "middle")
     n_boot: int = 1000
-    n_null: int = 200
+    n_null: int = 1000  # null clouds of the PC shares at most (drawn until the share's test is settled)
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded correlations (k: one
     #                                                           indicator per value; length: a spline basis)
     n_perm: int = 1000  # draws of the within-k permutation null

@@ -24,7 +24,7 @@ class ManifoldParams(Params):
     per_bin: int = 15  # prompts per entropy quantile bin (Paper III: 15 x 5 = 75)
     n_bins: int = 5
     n_boot: int = 1000  # bootstrap resamples (the paper's interval, biased upward when n < d)
-    n_null: int = 200  # draws of each null
+    n_null: int = 1000  # draws of each null at most (drawn until the share's test against it is settled)
     n_resample: int = 200  # fresh stratified draws from the pool: the interval shown
     covariates: tuple[str, ...] = ("length",)  # nuisances of the deconfounded PC1-entropy correlation (a spline)
     # prompts per stratum of the within-stratum correlation, by length (ties kept together): fine enough that a

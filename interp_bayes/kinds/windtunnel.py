@@ -89,7 +89,7 @@ class WindtunnelParams(TunnelParams):
     seed: int = 2024  # the sequence draws
     folds: int = 5
     n_boot: int = 1000
-    n_null: int = 200
+    n_null: int = 1000  # null clouds of the PC shares at most (drawn until the share's test is settled)
     method: Literal["pc1", "ridge"] = "pc1"
     fit: str = "cross"
     layer_sets: tuple = ((-1,),)
@@ -217,13 +217,14 @@ def run(ctx, p: WindtunnelParams) -> Result:
                                          n_perm=p.n_perm, seed=ctx.config.seed, metric="corr_held_out_projection",
                                          scope=scope)
     scores = key_orthogonality(model)
-    null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, seed=ctx.config.seed)
+    null = key_orthogonality_null(model.cfg.d_model, model.cfg.d_head, float(np.median(scores)),
+                                  seed=ctx.config.seed)
     rows += [Row("key_orthogonality", scores[layer].mean(), "|cos|", dict(layer=layer), float(scores[layer].min()),
                  float(scores[layer].max()), "range over heads", null["range"][0], null["range"][1],
                  "gaussian W_K", scores.shape[1]) for layer in range(n)]
     f = attention_focusing(acts.readings["attn_entropy"], groups=acts.groups, n_boot=p.n_boot, seed=ctx.config.seed)
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
-                    n=f["n_prompts"]))
+                    n=f["n_prompts"], test=f["reduction_test"]))
     fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides
     from ..core.layers import layer_index  # a layer outside the checkpoint is refused, not wrapped around
     sets = [[layer_index(x, n) for x in s] for s in p.layer_sets]

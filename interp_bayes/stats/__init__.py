@@ -20,16 +20,16 @@ from .regression import (MAX_LEVELS, SPLINE_KNOTS, STRATUM_SIZE, centre_within, 
     residual_confounding, residualize)
 from .resample import (CI_LEVEL, bootstrap, bootstrap_mean_draws, bootstrap_means, bootstrap_pearson, bootstrap_r2,
     bootstrap_ratio, bounds, group_ids, interval, percentile_of, resample_counts, resampled_sums)
-from .sequential import Decision, beyond, sequential_rate, sequential_test, sequential_tests
+from .sequential import Decision, beyond, beyond_each, sequential_rate, sequential_test, sequential_tests
 from .verdicts import VERDICTS, claim
 
 __all__ = [
     "ALPHAS", "CI_LEVEL", "CONSTANT_RTOL", "COVARIATE_SCALE", "KINDS", "MAX_LEVELS", "SPLINE_KNOTS", "STRATUM_SIZE",
-    "VERDICTS", "Decision", "Deconfounded", "RidgeBasis", "RidgeFit", "as_float64", "beyond", "bootstrap",
-    "bootstrap_mean_draws", "bootstrap_means", "bootstrap_pearson", "bootstrap_r2", "bootstrap_ratio", "bounds",
-    "centre_within", "claim", "corr_columns", "covariate_basis", "cross_fitted_ridge", "deconfounded_correlation",
-    "donors_within", "fine_strata", "fit_ridge", "group_folds", "group_ids", "group_permutations", "holm", "interval",
-    "is_constant", "p_value", "percentile_of", "permutations", "r2", "resample_counts", "resampled_sums",
-    "residual_confounding", "residualize", "sequential_rate", "sequential_test", "sequential_tests", "significant",
-    "snap",
+    "VERDICTS", "Decision", "Deconfounded", "RidgeBasis", "RidgeFit", "as_float64", "beyond", "beyond_each",
+    "bootstrap", "bootstrap_mean_draws", "bootstrap_means", "bootstrap_pearson", "bootstrap_r2", "bootstrap_ratio",
+    "bounds", "centre_within", "claim", "corr_columns", "covariate_basis", "cross_fitted_ridge",
+    "deconfounded_correlation", "donors_within", "fine_strata", "fit_ridge", "group_folds", "group_ids",
+    "group_permutations", "holm", "interval", "is_constant", "p_value", "percentile_of", "permutations", "r2",
+    "resample_counts", "resampled_sums", "residual_confounding", "residualize", "sequential_rate",
+    "sequential_test", "sequential_tests", "significant", "snap",
 ]

@@ -122,12 +122,16 @@ def deconfounded_claim(row: Row | None) -> str:
 
 def interval_side(row: Row | None, side: str = "above", at: float = 0.0) -> str:
     """A claim that a number lies on ``side`` of ``at`` (e.g. attention entropy falls with depth): ``holds`` when
-    its whole interval does, ``holds weakly`` when only the value does, ``does not hold`` otherwise."""
+    its whole interval does, ``holds weakly`` when only the value does, ``does not hold`` otherwise. A row whose
+    interval was drawn until settled against ``at`` (``Row.test`` from ``sequential.beyond``) is decided by that
+    test: ``holds`` when it rejected, ``borderline`` when its draws reached their cap undecided."""
     if row is None or not _finite(row.value):
         return UNTESTABLE
     sign = 1 if side == "above" else -1
     if sign * (row.value - at) <= 0:
         return FAILS
+    if row.test:
+        return {REJECT: HOLDS, UNDECIDED: BORDERLINE}.get(row.test["decision"], WEAK)
     edge = row.low if side == "above" else row.high
     return HOLDS if _finite(edge) and sign * (edge - at) > 0 else WEAK
 

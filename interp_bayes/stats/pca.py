@@ -19,6 +19,9 @@ from scipy import stats
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap, interval, is_constant
 from .arrays import ranks
+from .sequential import BATCH, sequential_tests
+
+CAP_NULL = 1000  # null clouds at most: a value far outside its null settles after about 550 (two-sided, 5%, 1e-3)
 
 
 def standardise(x) -> np.ndarray:
@@ -90,23 +93,47 @@ def resample_shares(x, draws: list) -> dict:
                 pc12_ci=interval(out[:, 1]), n_resample=len(draws))
 
 
-def null_shares(x, kind: str = "permuted", *, n_draws: int = 200, seed: int = 0) -> dict:
-    """PC1 and PC1+PC2 shares of null clouds matched to ``x`` (see the module docstring): mean and 95% range."""
+def sequential_null(draw, observed, cap: int) -> tuple[list[dict], list[float]]:
+    """Null statistics drawn in batches (``draw(b)`` -> [b, m]) until each column's two-sided test of ``observed``
+    ([m]) is settled (``sequential.sequential_tests``; ``cap`` draws at most): (each column's test, with its null's
+    95% range and the draws it used; each column's null mean over those draws)."""
+    kept = []
+
+    def batch(b: int) -> np.ndarray:
+        kept.append(np.asarray(draw(b), dtype=np.float64).reshape(b, -1))
+        return kept[-1]
+
+    tests = sequential_tests(batch, observed, cap=cap, batch=min(BATCH, cap))
+    out = np.concatenate(kept)
+    means = []
+    for j, t in enumerate(tests):
+        col = out[:, j][np.isfinite(out[:, j])][:t.draws]
+        means.append(float(col.mean()) if len(col) else float("nan"))
+    return [t.as_dict() for t in tests], means
+
+
+def null_shares(x, kind: str = "permuted", *, n_draws: int = CAP_NULL, seed: int = 0) -> dict:
+    """PC1 and PC1+PC2 shares of null clouds matched to ``x`` (see the module docstring), drawn in batches until
+    the test of ``x``'s own shares against them is settled (``sequential_null``; ``n_draws`` the cap): per share its
+    null mean, 95% range and test (the draws used among them)."""
     x = as_float64(x)
     rng = np.random.default_rng(seed)
     n, d = x.shape
     sd = x.std(axis=0, ddof=1)
-
-    def draw() -> np.ndarray:
-        if kind == "permuted":
-            return np.take_along_axis(x, rng.permuted(np.tile(np.arange(n)[:, None], (1, d)), axis=0), axis=0)
-        if kind == "gaussian":
-            return rng.standard_normal((n, d)) * sd
+    if kind not in ("permuted", "gaussian"):
         raise ConfigError(f"Unknown null kind '{kind}'; choose 'permuted' or 'gaussian'.")
 
-    out = np.array([shares(spectrum(draw())) for _ in range(n_draws)])
-    return dict(kind=kind, pc1_mean=float(out[:, 0].mean()), pc1_range=interval(out[:, 0]),
-                pc12_mean=float(out[:, 1].mean()), pc12_range=interval(out[:, 1]), n_draws=n_draws)
+    def cloud() -> np.ndarray:
+        if kind == "permuted":
+            return np.take_along_axis(x, rng.permuted(np.tile(np.arange(n)[:, None], (1, d)), axis=0), axis=0)
+        return rng.standard_normal((n, d)) * sd
+
+    tests, means = sequential_null(lambda b: [shares(spectrum(cloud())) for _ in range(b)], shares(spectrum(x)),
+                                   n_draws)
+    out = dict(kind=kind)
+    for which, t, mean in zip(("pc1", "pc12"), tests, means):
+        out.update({f"{which}_mean": mean, f"{which}_range": list(t["null"]), f"{which}_test": t})
+    return out
 
 
 def correlations(a, b) -> dict:
@@ -134,11 +161,13 @@ def mean_abs_offdiag_cos(w: np.ndarray) -> np.ndarray:
     return (gram.sum(axis=(1, 2)) - np.trace(gram, axis1=1, axis2=2)) / (k * (k - 1))
 
 
-def key_orthogonality_null(d_model: int, d_head: int, *, n_draws: int = 200, seed: int = 0) -> dict:
-    """The same score for Gaussian W_K of the same shape: the empirical mean and 95% range, and the analytic
-    large-d value sqrt(2 / (pi d_model)) (the right dimension for column cosines in R^d_model)."""
+def key_orthogonality_null(d_model: int, d_head: int, observed: float, *, n_draws: int = CAP_NULL,
+                           seed: int = 0) -> dict:
+    """The same score for Gaussian W_K of the same shape, drawn in batches until the test of ``observed`` (the
+    claim's score, e.g. the median over heads) against it is settled (``sequential_null``; ``n_draws`` the cap):
+    the null mean, 95% range and test (the draws used among them), and the analytic large-d value
+    sqrt(2 / (pi d_model)) (the right dimension for column cosines in R^d_model)."""
     rng = np.random.default_rng(seed)
-    draws = mean_abs_offdiag_cos(rng.standard_normal((n_draws, d_model, d_head)))
-    return dict(mean=float(draws.mean()), range=interval(draws), analytic=math.sqrt(2 / (math.pi * d_model)))
-
-
+    (test,), (mean,) = sequential_null(
+        lambda b: mean_abs_offdiag_cos(rng.standard_normal((b, d_model, d_head)))[:, None], [observed], n_draws)
+    return dict(mean=mean, range=list(test["null"]), test=test, analytic=math.sqrt(2 / (math.pi * d_model)))

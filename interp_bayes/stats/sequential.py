@@ -27,7 +27,8 @@ One machinery for every use: the exceedance rate of a Bernoulli stream against a
   toolkit's equal-tailed p = 2 min(upper, lower), as ``permutation.p_value``);
 - a bootstrap interval against a threshold: the threshold lies below the central ``CI_LEVEL`` interval iff the
   share of bootstrap draws at or below it is under (1 - CI_LEVEL) / 2, i.e. ``sequential_test(boot, threshold,
-  alpha=1 - CI_LEVEL, alternative="less", ...)`` with a one-tailed level of (1 - CI_LEVEL) / 2 (``beyond``);
+  alpha=1 - CI_LEVEL, alternative="less", ...)`` with a one-tailed level of (1 - CI_LEVEL) / 2 (``beyond``;
+  ``beyond_each`` for several statistics of one draw, e.g. every step of a curve);
 - the true edit's rank among random controls: the controls' effects are the null draws and the claim is one-tailed
   (the true edit beyond them), with the recipe's count of controls as the cap.
 
@@ -226,12 +227,19 @@ def sequential_test(draw: Callable[[int], np.ndarray], observed: float, **kw) ->
     return sequential_tests(draw, [observed], **kw)[0]
 
 
-def beyond(draw: Callable[[int], np.ndarray], threshold: float, side: str = "above", *, level: float = CI_LEVEL,
-           **kw) -> Decision:
-    """Does the central ``level`` interval of the bootstrap draws ``draw(b)`` lie wholly ``side`` ("above" or
-    "below") of ``threshold``? "reject" means it does (the threshold is in the far tail: at most (1 - level) / 2 of
-    the draws on its side), "accept" that it does not."""
+def beyond_each(draw: Callable[[int], np.ndarray], thresholds, side: str = "above", *, level: float = CI_LEVEL,
+                **kw) -> list[Decision]:
+    """Does the central ``level`` interval of each column of the bootstrap draws ``draw(b)`` ([b, m]) lie wholly
+    ``side`` ("above" or "below") of its threshold (``thresholds``: [m] or one number)? "reject" means it does
+    (the threshold is in the far tail: at most (1 - level) / 2 of the draws on its side), "accept" that it does
+    not; each column stops on its own."""
     if side not in ("above", "below"):
         raise ConfigError(f"side must be 'above' or 'below' (got {side!r}).")
-    return sequential_test(draw, threshold, alpha=(1 - level) / 2, alternative="less" if side == "above" else
-                           "greater", **kw)
+    return sequential_tests(draw, thresholds, alpha=(1 - level) / 2,
+                            alternative="less" if side == "above" else "greater", **kw)
+
+
+def beyond(draw: Callable[[int], np.ndarray], threshold: float, side: str = "above", *, level: float = CI_LEVEL,
+           **kw) -> Decision:
+    """``beyond_each`` for one statistic against one threshold."""
+    return beyond_each(draw, [threshold], side, level=level, **kw)[0]
