@@ -327,12 +327,13 @@ def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
                                                            per_k=4, layers=[1])})
     run = run_sweep(SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path), quiet=True, probes=probes))
     rows = run.rows
-    assert find(rows, "forward_prompts").value == (1 + 2 * 6) * 10
+    # two unperturbed runs: one with the true edits and the PC, one with the single batch of random controls
+    assert find(rows, "forward_prompts").value == (2 + 2 * 6) * 10
     effects = select(rows, "effect", measure="mae_k_ge_1")
     assert {r.scope["op"] for r in effects} == {"cut", "shift+"}
     assert {r.scope["family"] for r in effects} == {"true", "isotropic", "matched", "pcs"}
     iso = find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="isotropic")
-    assert iso.n == 2 and "too few draws" in iso.note
+    assert iso.n == 2 and "too few draws" in iso.note and iso.test["draws"] == 2  # the cap: undecided
     data = json.loads((run.folder / "probes" / "iv" / "data.json").read_text())
     assert data["n_eval"] == 10 and data["n_fit"] == 10 and len(data["runs"]) == 2 * 6
     assert "too few draws for a percentile: 2" in " ".join(line.value for line in run.summary())

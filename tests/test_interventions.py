@@ -130,7 +130,8 @@ def test_runner_rows_and_summary(tiny_dirs):
     controls = {"isotropic": 2, "matched": 2, "pcs": 1}
     res = run_interventions(bridge, [cols["text"][i] for i in eval_idx], axes, fit_values, ev,
                             EditProtocol([[1]], controls=controls), label_tokens=labels, progress=False)
-    assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (1 + 24) * 10
+    # an unperturbed run with the true edits and the PCs, another with the one batch of random controls (cap 2)
+    assert len(res.rows) == 4 * (1 + 2 + 2 + 1) and res.n_forward_prompts == (2 + 24) * 10
     table = res.table()
     assert set(table.kind) == {"true", "isotropic", "matched", "pcs"}
     assert (table.kl_bits >= -1e-9).all() and table.kl_bits.max() > 0
@@ -353,3 +354,92 @@ def test_edit_protocol_refuses_an_unknown_family_and_holds_its_edits_frozen():
     assert protocol.layer_sets == ((3, 5), (5,)) and protocol.layers == [3, 5] and protocol.ops == ("cut",)
     assert protocol.controls == FULL_CONTROLS and protocol.controls is not FULL_CONTROLS
     assert EditProtocol([[1]]).ops == OPS
+
+
+def test_control_draws_extend_from_any_start():
+    """Draw i of a family is the same axis whatever batch it is drawn in: a larger cap extends a run."""
+    from interp_bayes.analyses.controls import control_directions
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 12)) * np.linspace(2, 0.5, 12)
+    u = np.eye(12)[4]
+    whole = control_directions(x, u, {"isotropic": 7, "matched": 7, "pcs": 5}, layer=2, seed=3)
+    later = control_directions(x, u, {"isotropic": 4, "matched": 4, "pcs": 3}, layer=2, seed=3, start=2)
+    for fam in ("isotropic", "matched", "pcs"):
+        np.testing.assert_array_equal(later[fam][0], whole[fam][0][2:6 if fam != "pcs" else 5])
+    np.testing.assert_array_equal(later["matched"][1], whole["matched"][1][2:6])
+
+
+@pytest.fixture(scope="module")
+def planted(tiny_dirs):
+    """A tiny Llama on 10 SULA prompts whose Bayes entropy is set to the model's own (so any edit's change in MAE is
+    the mean |change in entropy| over k >= 1, never below 0), and two axes at layer 1: the values' top principal
+    direction, whose cut moves the entropy far more than cutting a random direction, and a random direction, one
+    among its controls."""
+    from types import SimpleNamespace
+
+    from interp_bayes.model.collect import collect
+    from interp_bayes.model.loading import load_model
+    from interp_bayes.tasks.icl import SULATask
+
+    bridge = load_model(tiny_dirs["llama3"])
+    task = SULATask.for_tokenizer(bridge.tokenizer, per_k=2)
+    cols = task.generate("main", seed=0)
+    labels = task.label_token_ids(bridge.tokenizer)
+    acts = collect(bridge, cols["text"], layers=(1,), label_tokens=labels, progress=False)
+    values = acts.values(1).double().numpy()
+    pcs = np.linalg.svd(values - values.mean(0), full_matrices=False)[2]
+    random = np.random.default_rng(5).standard_normal(pcs.shape[1])
+    ev = dict(k=cols["k"], latent=cols["latent"], bayes_entropy=acts.entropy.double().numpy().tolist())
+
+    def run(direction, controls, batch):
+        axes = {1: SimpleNamespace(direction=torch.tensor(direction / np.linalg.norm(direction)), sigma=1.0)}
+        return run_interventions(bridge, cols["text"], axes, {1: values}, ev,
+                                 EditProtocol([[1]], ["cut"], controls, batch=batch), label_tokens=labels,
+                                 progress=False)
+    return SimpleNamespace(run=run, top=pcs[0], values=values, random=random, task=ev, n=len(cols["text"]))
+
+
+def test_a_clear_case_stops_long_before_its_cap_and_records_its_draws(planted):
+    """The top direction's cut against isotropic controls: beyond every one of them, so the rank is settled as
+    soon as the confidence sequence can exclude the level (242 draws with none as large at alpha 0.05, risk 1e-3:
+    the fifth batch of 50), far below the cap of 1000; the rows carry the decision and the draws used."""
+    from interp_bayes.stats.sequential import REJECT
+
+    res = planted.run(planted.top, {"isotropic": 1000}, 50)
+    test = res.tests[("1", "cut", "isotropic")]
+    assert test["decision"] == REJECT and test["draws"] == 250 and test["p"] == pytest.approx(1 / 251)
+    table = res.table()
+    assert (table.kind == "isotropic").sum() == 250 and list(table.draw[table.kind == "isotropic"]) == list(range(250))
+    assert res.n_forward_prompts == (2 + 5 + 250) * planted.n  # the true edit's run, then one per batch
+    rows = summarize(res, planted.task, n_boot=20)
+    pct = find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="isotropic")
+    assert pct.n == 250 and pct.test == test and pct.value == 1.0
+    assert find(rows, "percentile_of_true", op="cut", measure="kl_bits", family="isotropic").test is None
+
+
+def test_a_case_inside_its_controls_stops_as_accept_and_extends_the_fixed_count_run(planted):
+    """A random direction's cut among isotropic ones, and a direction drawn like the matched ones among them:
+    each rank is settled inside its controls after a few batches of 5 (accept), well before the cap of 40, and the
+    readout claim holds on the settled draws; the draws are, row for row, the first ones of a run that draws the
+    whole cap in one batch (same seed: the same axes, the same numbers)."""
+    from interp_bayes.analyses.interventions import MIN_DRAWS
+    from interp_bayes.stats.ledger import HOLDS, not_beyond_null
+    from interp_bayes.stats.sequential import ACCEPT
+
+    # a direction drawn as the matched controls are (for another axis): one of their kind
+    like = matched_axes(planted.values, planted.random, 1, layer=1, seed=11)[0][0]
+    for u, fam in ((planted.random, "isotropic"), (like, "matched")):
+        res = planted.run(u, {fam: 40}, 5)
+        test = res.tests[("1", "cut", fam)]
+        assert test["decision"] == ACCEPT and test["draws"] < 40, test
+        fixed = planted.run(u, {fam: 40}, 40)  # one batch: every draw
+        assert fixed.tests[("1", "cut", fam)]["draws"] == 40 and res.n_forward_prompts < fixed.n_forward_prompts
+        seq, whole = res.table(), fixed.table()
+        pd.testing.assert_frame_equal(seq, whole.head(1 + test["draws"]), check_exact=True)
+    rows = summarize(res, planted.task, n_boot=20)
+    true = find(rows, "effect", op="cut", measure="mae_k_ge_1", family="true")
+    pct = find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="matched")
+    # settled: a range and a readout verdict even below MIN_DRAWS, read from the draws used as before
+    assert pct.test == test and pct.n == test["draws"] < MIN_DRAWS and true.test is None
+    assert true.null == f"matched controls ({test['draws']} draws)" and not_beyond_null(true) == HOLDS

@@ -120,3 +120,19 @@ def test_a_nan_observation_is_undecided_and_bad_settings_are_refused():
         sequential_test(lambda b: rng.standard_normal(b), 0.0, alternative="both")
     with pytest.raises(ConfigError, match="cap"):
         sequential_test(lambda b: rng.standard_normal(b), 0.0, batch=100, cap=10)
+
+
+def test_open_columns_tell_the_draw_which_columns_are_still_undecided():
+    """A column settled at the first look is marked closed from then on, and the NaN its draw leaves there is never
+    read: its decision and draws are those of the first batch; the other column draws on to its own decision."""
+    rng, masks = np.random.default_rng(0), []
+
+    def draw(b, open_):
+        masks.append(open_.copy())
+        d = np.stack([rng.random(b), rng.random(b) - 5.0], axis=1)  # column 0: inside; column 1: all below
+        d[:, ~open_] = np.nan
+        return d
+
+    inside, beyond = sequential_tests(draw, [0.5, 0.0], alternative="greater", cap=1000, open_columns=True)
+    assert inside.decision == ACCEPT and inside.draws == 50 and beyond.decision == REJECT and beyond.draws == 250
+    assert masks[0].all() and all(list(m) == [False, True] for m in masks[1:]) and len(masks) == 5

@@ -33,14 +33,17 @@ def _orthogonal(v: np.ndarray, u: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def isotropic_axes(u, n: int, *, layer: int, seed: int) -> np.ndarray:
-    """[n, dim] Gaussian unit directions orthogonal to ``u``."""
+def isotropic_axes(u, n: int, *, layer: int, seed: int, start: int = 0) -> np.ndarray:
+    """[n, dim] Gaussian unit directions orthogonal to ``u``: draws ``start`` .. ``start + n - 1``."""
     u = as_float64(unit_direction(u))
-    return np.stack([_orthogonal(_generator(seed, "isotropic", layer, i).standard_normal(len(u)), u) for i in range(n)])
+    return np.stack([_orthogonal(_generator(seed, "isotropic", layer, i).standard_normal(len(u)), u)
+                     for i in range(start, start + n)])
 
 
-def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """([n, dim] unit directions orthogonal to ``u``, [n] their projected variance / u's) over ``values``.
+def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10,
+                 start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """([n, dim] unit directions orthogonal to ``u``, [n] their projected variance / u's) over ``values``: draws
+    ``start`` .. ``start + n - 1`` (each from its own generator, so a later batch extends an earlier one).
 
     Each draw rotates a random direction g of the top-``top`` principal subspace orthogonal to u (variance >= the
     target) towards an isotropic h orthogonal to both (variance below it; drawn among the weakest directions when an
@@ -59,7 +62,7 @@ def matched_axes(values, u, n: int, *, layer: int, seed: int, top: int = 10) -> 
     feasible = evals[-1] >= target
     basis = vecs[:, ::-1][:, :top if feasible else 3]
     out = []
-    for i in range(n):
+    for i in range(start, start + n):
         rng = _generator(seed, "matched", layer, i)
         g = _orthogonal(basis @ rng.standard_normal(basis.shape[1]), u)
         if not feasible:
@@ -147,25 +150,32 @@ def pc_axes(values, k: int = 4) -> np.ndarray:
 ControlDraw = Callable[..., tuple[np.ndarray, np.ndarray | None]]
 
 
-# The control families, each drawn per layer: name -> draw(fit values, true axis u, n, layer=, seed=) returning
-# ([n, dim] unit directions, [n] their projected variance / u's, or None where the family does not match variance).
-# Adding a family is one entry; run_interventions takes family -> number of draws.
+# The control families, each drawn per layer: name -> draw(fit values, true axis u, n, layer=, seed=, start=)
+# returning draws start .. start + n - 1 as ([n, dim] unit directions, [n] their projected variance / u's, or None
+# where the family does not match variance). Adding a family is one entry; run_interventions takes family -> number
+# of draws.
 CONTROL_FAMILIES: dict[str, ControlDraw] = {
-    "isotropic": lambda values, u, n, *, layer, seed: (isotropic_axes(u, n, layer=layer, seed=seed), None),
-    "matched": lambda values, u, n, *, layer, seed: matched_axes(values, u, n, layer=layer, seed=seed),
-    "pcs": lambda values, u, n, *, layer, seed: (pc_axes(values, n + 1), None),
+    "isotropic": lambda values, u, n, *, layer, seed, start=0: (
+        isotropic_axes(u, n, layer=layer, seed=seed, start=start), None),
+    "matched": lambda values, u, n, *, layer, seed, start=0: matched_axes(values, u, n, layer=layer, seed=seed,
+                                                                          start=start),
+    "pcs": lambda values, u, n, *, layer, seed, start=0: (pc_axes(values, start + n + 1)[start:], None),
 }
+# The families that are seeded draws from a distribution, i.e. a Monte-Carlo null: drawn sequentially, their count
+# a cap (``run_interventions``); the others (the leading PCs) are fixed directions, all run.
+RANDOM_FAMILIES = ("isotropic", "matched")
 
 
 FULL_CONTROLS = {"isotropic": 20, "matched": 20, "pcs": 3}  # the paper's protocol
 
 
-def control_directions(values, u, controls: dict[str, int], *, layer: int,
-                       seed: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+def control_directions(values, u, controls: dict[str, int], *, layer: int, seed: int,
+                       start: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     """family -> ([n, dim] control directions, [n] variance ratios or None) for one layer, for every family of
-    ``controls`` (name -> number of draws) with at least one draw."""
+    ``controls`` (name -> number of draws) with at least one draw: draws ``start`` .. ``start + n - 1``."""
     unknown = sorted(set(controls) - set(CONTROL_FAMILIES))
     if unknown:
         raise InterventionError(f"Unknown control famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
                                 f"choose from {', '.join(CONTROL_FAMILIES)}.")
-    return {fam: CONTROL_FAMILIES[fam](values, u, n, layer=layer, seed=seed) for fam, n in controls.items() if n > 0}
+    return {fam: CONTROL_FAMILIES[fam](values, u, n, layer=layer, seed=seed, start=start)
+            for fam, n in controls.items() if n > 0}

@@ -20,10 +20,15 @@ from ..core.results import Row
 from ..model.edits import ONMANIFOLD_OPS, OPS, make_op, onmanifold_op, resolve_edits
 from ..model.prefix import EditedRun, edited_runs
 from ..stats import as_float64, bootstrap, donors_within, interval, percentile_of
-from .controls import CONTROL_FAMILIES, FULL_CONTROLS, control_directions
+from ..stats.sequential import UNDECIDED
+from .controls import CONTROL_FAMILIES, FULL_CONTROLS, RANDOM_FAMILIES, control_directions
 
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")  # what ``summarize`` reports by default
 MIN_DRAWS = 10  # below this many control draws a percentile takes too few values to read, and no range is shown
+CONTROL_MEASURE = "mae_k_ge_1"  # the measure the claims read (``kinds.interventions.readout_claim``) stops draws
+# random control axes drawn between two looks at the true edit's rank: the fewest at which a rank can settle (the
+# true effect below 4 of 5 controls accepts at the toolkit's level and resampling risk)
+CONTROL_BATCH = 5
 
 
 def measure_unit(metric: str) -> str:
@@ -42,12 +47,15 @@ def measure_unit(metric: str) -> str:
 class EditProtocol:
     """The edits of the protocol: every operator (``model.edits.OPS`` and ``ONMANIFOLD_OPS``) on every layer set (its layers edited
     together, each along its own axis), for the true axis and for ``controls`` (control family of
-    ``CONTROL_FAMILIES`` -> number of draws; by default ``FULL_CONTROLS``, the paper's), drawn with ``seed``."""
+    ``CONTROL_FAMILIES`` -> number of draws; by default ``FULL_CONTROLS``, the paper's), drawn with ``seed``. For
+    the random families (``controls.RANDOM_FAMILIES``) the number is a cap: they are drawn ``batch`` at a time until
+    the true edit's rank among them is settled (``run_interventions``)."""
 
     layer_sets: tuple[tuple[int, ...], ...]
     ops: tuple[str, ...] = OPS
     controls: dict[str, int] = field(default_factory=lambda: dict(FULL_CONTROLS))
     seed: int = 0
+    batch: int = CONTROL_BATCH
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.controls) - set(CONTROL_FAMILIES))
@@ -57,6 +65,8 @@ class EditProtocol:
         if counts:
             raise ConfigError(f"Control draws must be whole numbers of at least 0 (0: no such control), not "
                               f"{', '.join(f'{f}: {n!r}' for f, n in counts.items())}.")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError(f"Control axes are drawn in batches of at least 1, not {self.batch!r}.")
         bad = sorted(set(self.ops) - set(OPS + ONMANIFOLD_OPS))
         if bad:
             raise ConfigError(f"Unknown intervention {', '.join(bad)}; choose from {', '.join(OPS + ONMANIFOLD_OPS)}.")
@@ -77,13 +87,16 @@ class EditProtocol:
 
 @dataclass
 class InterventionResult:
-    """One row per (layer set, operator, axis kind, draw), the per-prompt baseline, and the forward-pass count."""
+    """One row per (layer set, operator, axis kind, draw), the per-prompt baseline, the prompts run forward (the
+    unperturbed run once per call of ``edited_runs``, and every edit), and per (layer set, op, random family) the
+    sequential test of the true edit's rank among the controls (``Decision.as_dict``: decision, p, draws, ...)."""
 
     rows: list[dict]
     baseline: dict
     n_forward_prompts: int
     true_entropy: dict  # (layer set, op) -> [n] model entropy under the true-axis edit, for bootstrap intervals
     donors: np.ndarray | None = None  # [n] the resample ablation's donor of each prompt (an index into the prompts)
+    tests: dict = field(default_factory=dict)  # (layer set, op, family) -> the sequential test's decision
 
     def table(self):
         """The rows as a pandas DataFrame (tidy: one measurement set per row)."""
@@ -136,39 +149,11 @@ def _geometry(run: EditedRun, directions: dict[int, np.ndarray], spread: dict[in
     return out
 
 
-def plan_edits(model, axes: dict, fit_values: dict, protocol: EditProtocol, *, token_vals: dict | None = None,
-               strata=None, donors=None) -> tuple[list[tuple], list[dict], dict]:
-    """Every edit of the protocol: ([(layer set, op, kind, draw)], the matching edits layer -> operator, and per
-    layer the control draws ``control_directions`` gave), kinds ordered true axis first, then the families of
-    ``protocol.controls`` in their order. The on-manifold operators need the evaluation prompts' values at every
-    position (``token_vals``: layer -> [len_i, dim] per prompt, ``model.collect.token_values``), their ``strata`` and
-    the resample ``donors`` (``stats.donors_within``)."""
-    controls = protocol.controls
-    drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, controls, layer=layer,
-                                       seed=protocol.seed) for layer in sorted(axes)}
-    kinds = [("true", 0)] + [(fam, i) for fam, count in controls.items() for i in range(count)]
-    plan = [(layer_set, op, kind, draw) for layer_set in protocol.layer_sets for op in protocol.ops
-            for kind, draw in kinds]
-    if protocol.onmanifold and token_vals is None:
-        raise ConfigError("The on-manifold interventions need the evaluation prompts' values at every position; pass "
-                          "token_vals, strata and donors (run_interventions does).")
-
-    def op_of(op: str, layer: int, kind: str, draw: int):
-        u = torch.tensor(as_float64(axes[layer].direction) if kind == "true" else drawn[layer][kind][0][draw])
-        if op in ONMANIFOLD_OPS:
-            return onmanifold_op(op, u, token_vals[layer], strata, donors)
-        return make_op(op, u, axes[layer].sigma)
-
-    edits = [resolve_edits(model, {layer: op_of(op, layer, kind, draw) for layer in layer_set})
-             for layer_set, op, kind, draw in plan]
-    return plan, edits, drawn
-
-
 def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, task: dict, protocol: EditProtocol, *,
                       label_tokens: list[int], batch_size: int | None = None, fast: bool = True,
                       progress: bool = True) -> InterventionResult:
     """Every edit of ``protocol``: the value axis of each layer set edited with each operator, for the true axes and
-    every control draw.
+    the control draws.
 
     axes: layer -> EntropyAxis (fitted on other prompts: cross-fitting); fit_values: layer -> the values the axes
     were fitted on (for the matched and PC controls); task: columns ``k``, ``latent``, ``bayes_entropy`` of the
@@ -176,13 +161,21 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     Geometry is read at every axis layer from the values each run computes: at an edited layer it sees the edited
     values (nearly tautological after a cut, as in the paper), at later layers values computed downstream of the edit.
 
+    The true edits and the fixed families (``pcs``) run first; the random families (``controls.RANDOM_FAMILIES``)
+    are then drawn ``protocol.batch`` axes at a time, every open (layer set, op) of every family in one call of
+    ``edited_runs``, and a (layer set, op, family) stops once the true edit's rank among its controls on
+    ``CONTROL_MEASURE`` is settled (``stats.sequential_tests``, one-tailed: the true effect beyond the controls, at
+    the toolkit's level with its resampling risk) or at the family's count, its cap (undecided: "borderline"). Draw
+    i of a family is the same axis whatever the cap, so a larger cap extends a run. ``InterventionResult.tests``
+    holds each decision, with the draws used.
+
     fast: reuse what an edit cannot change (the blocks before its first edited layer) and stack several edits into
     one forward (``prefix.edited_runs``); the same numbers as ``fast=False``, a whole forward pass per edit (bit for
     bit on CPU with MKL; the tests check 1e-5 relative on every model family and on SmolLM2).
     """
     from ..core.progress import progress_bar
-
     from ..stats.pca import correlations
+    from ..stats.sequential import sequential_tests
 
     layers = sorted(axes)
     true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
@@ -193,30 +186,94 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
         strata = np.asarray(task["k"])
         onmanifold = dict(token_vals=token_values(model, prompts, protocol.layers, batch_size=batch_size),
                           strata=strata, donors=donors_within(strata, protocol.seed))
-    plan, edits, drawn = plan_edits(model, axes, fit_values, protocol, **onmanifold)
+    controls = {fam: n for fam, n in protocol.controls.items() if n > 0}
+    fixed = {fam: n for fam, n in controls.items() if fam not in RANDOM_FAMILIES}
+    random = {fam: n for fam, n in controls.items() if fam in RANDOM_FAMILIES}
+    edits_of = [(layer_set, op) for layer_set in protocol.layer_sets for op in protocol.ops]
+    rows, true_entropy, state = [], {}, dict(baseline=None, spread=None, forwards=0)
 
-    with progress_bar(total=len(edits) * len(prompts), desc="interventions", unit="prompt",
-                      disable=not progress) as bar:
+    def op_of(op: str, layer: int, u: np.ndarray):
+        u = torch.tensor(u)
+        if op in ONMANIFOLD_OPS:
+            return onmanifold_op(op, u, onmanifold["token_vals"][layer], onmanifold["strata"], onmanifold["donors"])
+        return make_op(op, u, axes[layer].sigma)
+
+    def directions(families: dict[str, int], start: int) -> dict:
+        """layer -> family -> (directions, variance ratios) of draws start .. start + n - 1."""
+        return {layer: control_directions(fit_values[layer], axes[layer].direction, families, layer=layer,
+                                          seed=protocol.seed, start=start) for layer in layers if families}
+
+    def run(entries: list[tuple], drawn: dict, start: int) -> list[dict]:
+        """Run (layer set, op, kind, draw) edits (controls from ``drawn``, its draw 0 being draw ``start``) and
+        append their rows."""
+        def u(layer, kind, draw):
+            return true_dirs[layer] if kind == "true" else drawn[layer][kind][0][draw - start]
+
+        edits = [resolve_edits(model, {layer: op_of(op, layer, u(layer, kind, draw)) for layer in layer_set})
+                 for layer_set, op, kind, draw in entries]
         base, *runs = edited_runs(model, prompts, edits, layers=layers, label_tokens=label_tokens,
                                   batch_size=batch_size, fast=fast, tick=bar.update)
-    spread = {layer: float((as_float64(base.values[layer]) @ u).std()) for layer, u in true_dirs.items()}
-    baseline = dict(calibration_measures(as_float64(base.entropy), base.label_logprobs.numpy(), task),
-                    **_geometry(base, true_dirs), entropy=as_float64(base.entropy).tolist())
-    rows, true_entropy = [], {}
-    for (layer_set, op, kind, draw), run in zip(plan, runs):
-        h = as_float64(run.entropy)
-        row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
-                   kl_bits=float(run.kl.mean()),
-                   corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
-                   **calibration_measures(h, run.label_logprobs.numpy(), task), **_geometry(run, true_dirs, spread))
-        later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
-        row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
-        if kind != "true" and drawn[layer_set[0]][kind][1] is not None:  # a family matching variance
-            row["variance_ratio"] = float(np.mean([drawn[layer][kind][1][draw] for layer in layer_set]))
-        rows.append(row)
-        if kind == "true":
-            true_entropy[(row["layer_set"], op)] = h
-    return InterventionResult(rows, baseline, (1 + len(plan)) * len(prompts), true_entropy, onmanifold.get("donors"))
+        state["forwards"] += (1 + len(edits)) * len(prompts)
+        if state["baseline"] is None:  # the unperturbed run: the same in every call
+            state["spread"] = {layer: float((as_float64(base.values[layer]) @ u).std())
+                               for layer, u in true_dirs.items()}
+            state["baseline"] = dict(calibration_measures(as_float64(base.entropy), base.label_logprobs.numpy(), task),
+                                     **_geometry(base, true_dirs), entropy=as_float64(base.entropy).tolist())
+        baseline, new = state["baseline"], []
+        for (layer_set, op, kind, draw), r in zip(entries, runs):
+            h = as_float64(r.entropy)
+            row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
+                       kl_bits=float(r.kl.mean()),
+                       corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
+                       **calibration_measures(h, r.label_logprobs.numpy(), task),
+                       **_geometry(r, true_dirs, state["spread"]))
+            later = [row[f"geom_L{layer}"] for layer in layers if layer > max(layer_set)]
+            row["geom_downstream"] = float(np.nanmean(later)) if later else float("nan")
+            if kind != "true" and drawn[layer_set[0]][kind][1] is not None:  # a family matching variance
+                row["variance_ratio"] = float(np.mean([drawn[layer][kind][1][draw - start] for layer in layer_set]))
+            if kind == "true":
+                true_entropy[(row["layer_set"], op)] = h
+            new.append(row)
+        rows.extend(new)
+        return new
+
+    cap_edits = len(edits_of) * (1 + sum(controls.values()))  # every control drawn up to its family's count
+    bar = progress_bar(total=cap_edits * len(prompts), desc="interventions", unit="prompt", disable=not progress)
+    with bar:
+        first = run([(ls, op, "true", 0) for ls, op in edits_of]
+                    + [(ls, op, fam, i) for ls, op in edits_of for fam, n in fixed.items() for i in range(n)],
+                    directions(fixed, 0), 0)
+        effect = {(ls, op): r[CONTROL_MEASURE] - state["baseline"][CONTROL_MEASURE]
+                  for (ls, op), r in zip(edits_of, first)}
+        columns = [(fam, ls, op) for fam in random for ls, op in edits_of]
+        tests = {}
+        if columns:
+            drawn_so_far = [0]
+
+            def draw(b: int, open_: np.ndarray) -> np.ndarray:
+                start = drawn_so_far[0]
+                drawn_so_far[0] += b
+                entries = [(ls, op, fam, i) for (fam, ls, op), live in zip(columns, open_) if live
+                           for i in range(start, min(start + b, random[fam]))]
+                out = np.full((b, len(columns)), np.nan)
+                if not entries:
+                    return out
+                families = {fam: min(b, random[fam] - start) for fam in random if random[fam] > start}
+                at = {key: j for j, key in enumerate(columns)}
+                for row, (ls, op, fam, i) in zip(run(entries, directions(families, start), start), entries):
+                    out[i - start, at[(fam, ls, op)]] = row[CONTROL_MEASURE] - state["baseline"][CONTROL_MEASURE]
+                return out
+
+            cap = max(random.values())
+            decisions = sequential_tests(draw, [effect[(ls, op)] for _, ls, op in columns], alternative="greater",
+                                         batch=min(protocol.batch, cap), cap=cap, open_columns=True)
+            tests = {("+".join(map(str, ls)), op, fam): d.as_dict() for (fam, ls, op), d in zip(columns, decisions)}
+    # the rows in the protocol's order: edit, then true axis, then the families in their order, then draw
+    order = {kind: i for i, kind in enumerate(["true", *controls])}
+    position = {("+".join(map(str, ls)), op): i for i, (ls, op) in enumerate(edits_of)}
+    rows.sort(key=lambda r: (position[(r["layer_set"], r["op"])], order[r["kind"]], r["draw"]))
+    return InterventionResult(rows, state["baseline"], state["forwards"], true_entropy, onmanifold.get("donors"),
+                              tests)
 
 
 def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boot: int = 1000,
@@ -226,7 +283,11 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
     (over whole ``task["groups"]`` where given: a wind tunnel's sequences) and the matched controls' 95% range as
     its null, each control family's mean ``effect`` with its 95% range, and the true effect's
     ``percentile_of_true`` within each family (no range or percentile is read from fewer than ``MIN_DRAWS``
-    draws: a note says so)."""
+    draws, unless the sequential test settled on them: a note says so). On ``CONTROL_MEASURE`` each random family's
+    percentile row carries its sequential test (``Row.test``: decision, p, draws used). The true row keeps no test:
+    the readout claim reads it against the matched draws' range as before, so that stopping early changes the
+    draws, not the verdict (a rejection needs at least 242 draws at the level and risk, more than the recipes'
+    caps, so a test on that row would turn every case beyond its controls "borderline")."""
     import pandas as pd
 
     df = pd.DataFrame(result.rows)
@@ -263,16 +324,23 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
                 groups = None if task.get("groups") is None else np.asarray(task["groups"])[pos]
                 _, low, high = bootstrap(lambda idx: err[idx].mean(), len(pos), groups, n_boot=n_boot, seed=seed)
                 ci = (float(low[0]), float(high[0]))
+            tests = {fam: result.tests.get((layer_set, op, fam)) if metric == CONTROL_MEASURE else None
+                     for fam, _ in families}
+
+            def enough(fam: str, eff: np.ndarray) -> bool:
+                return len(eff) >= MIN_DRAWS or (tests[fam] or {}).get("decision", UNDECIDED) != UNDECIDED
+
             matched = dict(families).get("matched")
             null = ((*interval(matched), f"matched controls ({len(matched)} draws)")
-                    if matched is not None and len(matched) >= MIN_DRAWS else (None, None, None))
+                    if matched is not None and enough("matched", matched) else (None, None, None))
             out.append(Row("effect", effect, unit, dict(scope, family="true"), *ci,
                            "bootstrap 95%" if ci[0] is not None else None, *null, n=n, note=f"baseline {ref:.4g}"))
             for fam, eff in families:
-                draws, enough = len(eff), len(eff) >= MIN_DRAWS
+                draws, ok = len(eff), enough(fam, eff)
                 out.append(Row("effect", float(np.nanmean(eff)), unit, dict(scope, family=fam),
-                               *(interval(eff) if enough else (None, None)), "controls 95%" if enough else None,
-                               n=draws, note=None if enough else f"too few draws for a range ({draws})"))
+                               *(interval(eff) if ok else (None, None)), "controls 95%" if ok else None,
+                               n=draws, note=None if ok else f"too few draws for a range ({draws})"))
                 out.append(Row("percentile_of_true", percentile_of(effect, eff), "fraction", dict(scope, family=fam),
-                               n=draws, note=None if enough else f"too few draws for a percentile ({draws})"))
+                               n=draws, note=None if ok else f"too few draws for a percentile ({draws})",
+                               test=tests[fam]))
     return out

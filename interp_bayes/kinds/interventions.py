@@ -32,7 +32,7 @@ class InterventionsParams(Params):
     fit: str = "cross"  # "cross": fit on one half of the prompts, evaluate on the other; "in_sample": the paper's
     layer_sets: tuple = ("middle", "spread5")  # each a layer spec ("middle", "spread5") or a list of layers
     ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
-    controls: dict = field(default_factory=lambda: {"isotropic": 3, "matched": 3, "pcs": 1})  # family -> draws
+    controls: dict = field(default_factory=lambda: {"isotropic": 3, "matched": 3, "pcs": 1})  # family -> draws (a cap)
     per_k: int = 50
     seed: int = 42  # the SULA prompt draws
     layers: tuple[int, ...] | str = SULA_LAYERS
@@ -160,9 +160,11 @@ def plan(ctx, p: InterventionsParams) -> list:
     from ..core.plugin import PlanItem
 
     items = plan_sula(ctx, "interventions", ["main"], p.per_k, p.seed, p.layers)
+    # at most: the random control families stop once the true edit's rank among them is settled (their counts are
+    # caps), at the cost of one unperturbed run per batch of controls
     n_runs = 1 + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values()))
     n_eval = 5 * p.per_k - 5 * p.per_k // 2
-    items.append(PlanItem("interventions", f"{n_runs} edited and unedited runs of ~{n_eval} prompts", False,
+    items.append(PlanItem("interventions", f"at most {n_runs} edited and unedited runs of ~{n_eval} prompts", False,
                           n_runs * n_eval, sample=items[0].sample))  # the runs' prompts are SULA prompts
     return items
 

@@ -33,7 +33,9 @@ One machinery for every use: the exceedance rate of a Bernoulli stream against a
   (the true edit beyond them), with the recipe's count of controls as the cap.
 
 Draws are made by a callback ``draw(b)`` returning b new draws ([b] or [b, m] for m statistics computed from one
-draw, e.g. several cells of a family); each column stops on its own, and its draws used are recorded.
+draw, e.g. several cells of a family); each column stops on its own, and its draws used are recorded. Where a
+column's draw costs work of its own (a forward pass per control axis), ``sequential_tests(..., open_columns=True)``
+calls ``draw(b, open)`` with the [m] mask of the columns still undecided, and the draw may leave the others NaN.
 """
 
 from __future__ import annotations
@@ -129,14 +131,16 @@ def _validate(alpha, epsilon: float, batch: int, cap: int) -> None:
                           f"batch {batch}, cap {cap}).")
 
 
-def _run(count: Callable[[int], tuple[np.ndarray, np.ndarray]], tails: int, alpha, epsilon: float,
-         batch: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The sequential loop. ``count(b)`` -> ([tails, m] exceedances, [m] finite draws) among b new draws. Each
+def _run(count: Callable[[int, np.ndarray | None], tuple[np.ndarray, np.ndarray]], tails: int, alpha,
+         epsilon: float, batch: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sequential loop. ``count(b, open)`` -> ([tails, m] exceedances, [m] finite draws) among b new draws
+    (``open``: the [m] mask of undecided columns, None before the first look; a decided column's counts are no
+    longer read). Each
     tail is held to alpha / tails with risk epsilon / tails; a column rejects once one tail is settled below its
     level and accepts once all are settled above. Returns (decision codes [m]: -1 reject, +1 accept, 0 open,
     exceedances [tails, m] and draws [m] at each column's stop)."""
     level, risk = np.asarray(alpha, dtype=np.float64) / tails, epsilon / tails  # a level per column, or one
-    s, n = count(min(batch, cap))
+    s, n = count(min(batch, cap), None)
     total = min(batch, cap)
     code = np.zeros(n.shape, dtype=np.int64)
     s_stop, n_stop = s.copy(), n.copy()
@@ -149,7 +153,7 @@ def _run(count: Callable[[int], tuple[np.ndarray, np.ndarray]], tails: int, alph
         if total >= cap or not (code == 0).any():
             break
         b = min(batch, cap - total)
-        ds, dn = count(b)
+        ds, dn = count(b, code == 0)
         s, n, total = s + ds, n + dn, total + b
     still = code == 0
     s_stop[:, still], n_stop[still] = s[:, still], n[still]
@@ -174,7 +178,7 @@ def sequential_rate(draw: Callable[[int], np.ndarray], level: float, *, epsilon:
     ``Decision`` per column: "reject" when settled below, "accept" when settled at or above."""
     _validate(level, epsilon, batch, cap)
 
-    def count(b):
+    def count(b, _open):
         x = np.asarray(draw(b), dtype=bool).reshape(b, -1)
         return x.sum(0)[None, :].astype(np.float64), np.full(x.shape[1], float(b))
 
@@ -183,12 +187,13 @@ def sequential_rate(draw: Callable[[int], np.ndarray], level: float, *, epsilon:
 
 def sequential_tests(draw: Callable[[int], np.ndarray], observed, *, alpha=ALPHA,
                      alternative: str = "two-sided", epsilon: float = EPSILON, batch: int = BATCH,
-                     cap: int = CAP) -> list[Decision]:
+                     cap: int = CAP, open_columns: bool = False) -> list[Decision]:
     """Monte-Carlo tests of ``observed`` ([m] or a number) against null statistics from ``draw(b)`` ([b, m] or
     [b]): one ``Decision`` per column, each stopped on its own at its ``alpha`` (one level, or one per column).
     ``alternative``: "greater" (the observation in the
     upper tail), "less", or "two-sided" (equal-tailed, each tail at alpha / 2, as ``permutation.p_value``). Draws
-    within ``TIE_TOL`` of the observation count as at least as extreme on both sides; NaN draws are left out."""
+    within ``TIE_TOL`` of the observation count as at least as extreme on both sides; NaN draws are left out.
+    ``open_columns``: ``draw(b, open)`` is told which columns are still undecided ([m] bool, all True at first)."""
     if alternative not in ALTERNATIVES:
         raise ConfigError(f"Unknown alternative {alternative!r}; choose one of {', '.join(ALTERNATIVES)}.")
     _validate(alpha, epsilon, batch, cap)
@@ -197,8 +202,12 @@ def sequential_tests(draw: Callable[[int], np.ndarray], observed, *, alpha=ALPHA
     tol = TIE_TOL * np.maximum(1.0, np.abs(obs))
     kept: list[np.ndarray] = []
 
-    def count(b):
-        d = as_float64(draw(b)).reshape(b, m)
+    def count(b, open_):
+        if open_columns:
+            d = draw(b, np.ones(m, dtype=bool) if open_ is None else open_)
+        else:
+            d = draw(b)
+        d = as_float64(d).reshape(b, m)
         kept.append(d)
         finite = np.isfinite(d)
         hits = {"upper": (d >= obs - tol) & finite, "lower": (d <= obs + tol) & finite}
