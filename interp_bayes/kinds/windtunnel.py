@@ -53,17 +53,19 @@ def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str
 
     folder = checkpoint_folder(name)
     config = tunnel_config(folder)
+    if fits(config):
+        return folder
+    # only a refusal lists the packaged ones that fit (reading every packaged windtunnel.json): the stage key asks
+    # for the folder again and again
     fit = ", ".join(d.name for d in sorted(WINDTUNNELS_DIR.iterdir()) if fits(tunnel_config(d)))
     what = " or ".join(tasks) + (f" {'/'.join(archs)}" if archs else "")
     if config is None:
         raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, which is no wind-tunnel "
                           f"checkpoint (no windtunnel.json there); name a packaged one ({fit}) or a folder written "
                           "by `interp-bayes train`.")
-    if not fits(config):
-        raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, a {config['task']} "
-                          f"{config.get('arch', '')} wind tunnel, but this kind reads {what} tunnels; name one of "
-                          f"{fit} (or a trained folder of that kind).")
-    return folder
+    raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, a {config['task']} "
+                      f"{config.get('arch', '')} wind tunnel, but this kind reads {what} tunnels; name one of "
+                      f"{fit} (or a trained folder of that kind).")
 
 
 @dataclass(frozen=True)
