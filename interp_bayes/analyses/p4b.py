@@ -124,7 +124,7 @@ class P4bResult:
 
 
 def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: int = 20, folds: int = 5,
-        n_null: int = 20, n_boot: int = 500, frames: bool = True, geometry: bool = True, seed: int = 2024,
+        n_null: int = 1000, n_boot: int = 500, frames: bool = True, geometry: bool = True, seed: int = 2024,
         progress: bool = True) -> P4bResult:
     """P4b on a trained wind-tunnel folder (see the module docstring); ``n_controls`` isotropic and as many
     variance-matched random subspaces per ablated subspace."""
