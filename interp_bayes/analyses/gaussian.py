@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..stats import as_float64, bootstrap_means, bootstrap_pearson, interval, permutations
+from ..stats import as_float64, bootstrap_means, bootstrap_pearson, interval, permutations, sequential_test
 from ..stats.calibration import kl_bits
 from ..stats.pca import participation_ratio, standardise, thin_svd
+from ..stats.sequential import BATCH
 
 LN2 = float(np.log(2.0))
 SHARES = (0.9, 0.95)  # variance shares whose PCA dimension is reported
@@ -146,14 +147,15 @@ def _geometry(z: np.ndarray, d_max: int, n_neighbors: int) -> dict[str, Any]:
     return out
 
 
-def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, n_null: int = 20,
+def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, n_null: int = 1000,
                        standardize: bool = True, strata=None, seed: int = 0) -> dict[str, Any]:
     """Linear (PCA) against nonlinear (Isomap) dimension of the rows of ``x`` [n, dim], with a matched-Gaussian
     null (see the module docstring). ``d``: the embedding dimension of the headline ``curvature_gap`` (2: a
     Gaussian belief has two parameters). Returns the data's statistics (``rv_pca``, ``rv_isomap`` per d = 1..d_max,
     ``pca_dim_90``, ``pca_dim_95``, ``participation_ratio``, ``curvature_gap``, ``graph_components``: the pieces
-    of the kNN graph, 1 when every geodesic is a path through the data) and ``null``: each scalar's
-    95% interval over ``n_null`` matched Gaussian clouds. ``standardize``: z-score each coordinate first (the
+    of the kNN graph, 1 when every geodesic is a path through the data), ``test``: the curvature gap against the
+    matched Gaussian clouds, drawn in batches until settled (``stats.sequential_test``, two-sided, ``n_null`` the
+    cap; ``n_null`` in the result: the clouds drawn), and ``null``: each scalar's 95% interval over those clouds. ``standardize``: z-score each coordinate first (the
     toolkit's PCA convention for model readings; the null clouds are treated the same way). ``strata`` [n]: each
     null cloud is drawn stratum by stratum with that stratum's mean and covariance (a flat cloud with the data's
     clusters, e.g. one per number of examples shown), so clustering alone does not count as curvature."""
@@ -166,20 +168,25 @@ def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, 
     draws = []
     members = [np.arange(len(z))] if strata is None else [np.flatnonzero(np.asarray(strata) == s)
                                                           for s in np.unique(strata)]
-    for _ in range(n_null):
-        # rows N(mean_s, cov_s) per stratum s (one stratum: the data's covariance), a flat cloud or flat clusters
-        fake = np.empty_like(z)
-        for rows in members:
-            dev = z[rows] - z[rows].mean(0)
-            fake[rows] = z[rows].mean(0) + rng.standard_normal((len(rows), len(rows))) @ dev / np.sqrt(len(rows))
-        draws.append(_geometry(prep(fake), d_max, n_neighbors))
 
     def scalars(g: dict) -> dict[str, float]:
         return dict(pca_dim_90=g["pca_dim_90"], pca_dim_95=g["pca_dim_95"],
                     participation_ratio=g["participation_ratio"], rv_pca=g["rv_pca"][d - 1],
                     rv_isomap=g["rv_isomap"][d - 1], curvature_gap=g["rv_pca"][d - 1] - g["rv_isomap"][d - 1])
 
-    out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=n_null,
-               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum")
-    out["null"] = {k: interval([scalars(g)[k] for g in draws]) for k in scalars(data)}
+    def draw(b):
+        for _ in range(b):
+            # rows N(mean_s, cov_s) per stratum s (one stratum: the data's covariance), a flat cloud or flat clusters
+            fake = np.empty_like(z)
+            for rows in members:
+                dev = z[rows] - z[rows].mean(0)
+                fake[rows] = z[rows].mean(0) + rng.standard_normal((len(rows), len(rows))) @ dev / np.sqrt(len(rows))
+            draws.append(scalars(_geometry(prep(fake), d_max, n_neighbors)))
+        return [g["curvature_gap"] for g in draws[-b:]]
+
+    gap = scalars(data)["curvature_gap"]
+    test = sequential_test(draw, gap, cap=n_null, batch=min(BATCH, n_null))
+    out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=len(draws),
+               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum", test=test.as_dict())
+    out["null"] = {k: interval([g[k] for g in draws]) for k in scalars(data)}
     return out
