@@ -185,8 +185,9 @@ def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, 
         return [g["curvature_gap"] for g in draws[-b:]]
 
     gap = scalars(data)["curvature_gap"]
-    test = sequential_test(draw, gap, cap=n_null, batch=min(BATCH, n_null))
+    test = sequential_test(draw, gap, cap=n_null, batch=min(BATCH, n_null)).as_dict() if n_null > 0 else None
     out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=len(draws),
-               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum", test=test.as_dict())
-    out["null"] = {k: interval([g[k] for g in draws]) for k in scalars(data)}
+               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum", test=test)
+    nan2 = [float("nan")] * 2  # no clouds drawn (``n_null=0``: the data's statistics alone)
+    out["null"] = {k: interval([g[k] for g in draws]) if draws else nan2 for k in scalars(data)}
     return out
