@@ -146,9 +146,11 @@ def test_calibration_is_zero_for_the_exact_predictor_and_at_its_null_for_a_shuff
     task = GaussianTask(ns=(1, 3, 8))
     cols = task.generate(40, seed=1)
     exact = task.exact_predictive(cols["numbers"])
-    kw = dict(groups=cols["sequence"], strata=cols["n"], n_boot=200, n_null=50, seed=0)
+    kw = dict(groups=cols["sequence"], strata=cols["n"], n_boot=200, n_null=1000, seed=0)
     same = predictive_calibration(np.log(exact), exact, np.arange(10), **kw)["all"]
     assert abs(same["kl_bits"]["value"]) < 1e-12 and same["kl_bits"]["value"] < same["kl_bits"]["null"][0]
+    # the null is drawn until the KL is settled against it: below it, before the cap, draws recorded
+    assert same["kl_bits"]["test"]["decision"] == "reject" and same["kl_bits"]["test"]["draws"] < 1000
     assert same["mean"]["r"] == pytest.approx(1.0) and abs(same["sd"]["error"]) < 1e-12
     assert same["mean"]["r"] > same["mean"]["r_null"][1]
     # another sequence's exact predictive at the same n: a predictor blind to the numbers, inside its null
@@ -161,6 +163,7 @@ def test_calibration_is_zero_for_the_exact_predictor_and_at_its_null_for_a_shuff
     blind = predictive_calibration(np.log(exact[order]), exact, np.arange(10), **kw)["all"]
     low, high = blind["kl_bits"]["null"]
     assert blind["kl_bits"]["value"] > 0.05 and low <= blind["kl_bits"]["value"] <= high
+    assert blind["kl_bits"]["test"]["decision"] == "accept" and blind["kl_bits"]["test"]["draws"] == 50
     assert blind["mean"]["r_null"][0] <= blind["mean"]["r"] <= blind["mean"]["r_null"][1]
 
 

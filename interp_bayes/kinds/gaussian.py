@@ -33,7 +33,7 @@ class GaussianParams(TunnelParams):
     ns: tuple[int, ...] = (1, 2, 3, 5, 8, 12, 16, 24)  # Gaussian task: prefix lengths (numbers shown)
     seed: int = 42  # the sequence draws
     folds: int = 5
-    n_null: int = 1000  # permutations of the calibration null; the decoding null's cap (drawn until settled)
+    n_null: int = 1000  # permutations of the calibration and decoding nulls, at most (drawn until settled)
     n_boot: int = 1000
     n_neighbors: int = 10  # Isomap's kNN graph
     d_max: int = 6  # embedding dimensions scored
@@ -114,7 +114,7 @@ def run(ctx, p: GaussianParams) -> Result:
         scope = dict(k=level)
         kl = res["kl_bits"]
         rows.append(Row("gaussian_kl_bits", kl["value"], "bits", scope, *kl["ci"], "bootstrap 95% (sequences)",
-                        *kl["null"], "another prompt's prediction, same n", res["n"]))
+                        *kl["null"], "another prompt's prediction, same n", res["n"], test=kl["test"]))
         if "kl_reference_bits" in res:
             rows.append(Row("gaussian_kl_uniform_bits", res["kl_reference_bits"], "bits", scope, n=res["n"]))
         for name in ("mean", "sd"):
@@ -148,6 +148,14 @@ def run(ctx, p: GaussianParams) -> Result:
     return Result(rows, dict(task=p.tunnel or "gaussian", geometry=geometry, **data["extra"]))
 
 
+def _kl_word(kl: Row) -> str:
+    """The KL's place against another prompt's prediction, as its sequential test decided it."""
+    from ..stats import ledger as L
+
+    below = L.beyond_null(kl, "below")
+    return "below null" if below == L.HOLDS else L.BORDERLINE if below == L.BORDERLINE else kl.verdict()
+
+
 def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
     out = []
     where = "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
@@ -155,7 +163,7 @@ def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
     if kl is not None:
         out.append(Line(f"{where}KL(exact predictive || model), bits", f"{kl.value:.3f} [{kl.low:.3f}, {kl.high:.3f}]"
                         f"; another prompt's prediction [{kl.null_low:.3f}, {kl.null_high:.3f}]",
-                        "below null" if kl.verdict() == "below null" else kl.verdict()))
+                        _kl_word(kl)))
     for name in ("mean", "sd"):
         r = next(iter(select(rows, f"gaussian_{name}_r", k="all")), None)
         if r is not None:
