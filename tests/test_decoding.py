@@ -161,3 +161,19 @@ def test_one_decision_over_layers_keeps_its_false_positive_rate_where_the_best_c
         old += draws[top, 0] > interval(draws[top, 1:21])[1]
         new += best_of(points, nulls, "raw", 1000)["test"]["decision"] == "reject"
     assert new / 200 <= 0.05 < old / 200, (new, old)
+
+
+def test_the_decodable_claim_names_a_layer_only_when_the_family_survives():
+    from interp_bayes.kinds.decoding import decodable_claim, summary, DecodingParams
+    from interp_bayes.stats import ledger as L
+
+    rng = np.random.default_rng(9)
+    x = {layer: rng.normal(size=(80, 4)) for layer in (1, 2)}
+    cov = rng.normal(size=(80, 2))
+    for y, verdict, layer in ((x[2][:, 0] + 0.5 * rng.normal(size=80), L.HOLDS, 2), (rng.normal(size=80), L.FAILS,
+                                                                                        None)):
+        rows = decoding_curve(fake_acts(x, y), covariates=cov, n_null=1000, n_boot=100).rows()
+        decided, best, evidence = decodable_claim(rows)
+        assert decided == verdict and (best is None if layer is None else best.scope["layer"] == layer)
+        assert "draws" in evidence
+        assert summary(rows, DecodingParams())  # the summary reads the family's row

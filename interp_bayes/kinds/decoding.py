@@ -70,6 +70,15 @@ def run(ctx, p: DecodingParams) -> Result:
     return Result(rows)
 
 
+def _word(row: Row) -> str:
+    """The R²'s place against its null, from its sequential test where it has one."""
+    from ..stats import ledger as L
+
+    if not row.test:
+        return row.verdict()
+    return {L.HOLDS: "above null", L.BORDERLINE: L.BORDERLINE}.get(L.beyond_null(row), "within null")
+
+
 def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     out = []
     where = "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
@@ -83,14 +92,16 @@ def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
                                 f"undefined at every layer ({'; '.join(reasons)})"))
             if not r2:
                 continue
-            best = max(r2, key=lambda r: r.value)
+            # the family's row (one decision over every reading and layer) where the run has it
+            best = next(iter(select(rows, "decoding_r2_best", target=target, adjust=adjust)), None) \
+                or max(r2, key=lambda r: r.value)
             share = next((r for r in select(rows, "axis_share_of_decodable", target=target, adjust=adjust,
                                             layer=best.scope["layer"], reading="v")), None)
             share_text = f"; the values' PC1 axis carries {share.value:.0%} of it at that layer" \
                 if share is not None and np.isfinite(share.value) else ""
             out.append(Line(f"{where}decodable {target} ({adjust}): best held-out R²",
                             f"{best.value:.2f} ({best.scope['reading']} L{best.scope['layer']}; shuffled-target null "
-                            f"up to {best.null_high:.2f}){share_text}", best.verdict()))
+                            f"up to {best.null_high:.2f}){share_text}", _word(best)))
     return out
 
 
