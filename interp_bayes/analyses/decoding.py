@@ -58,7 +58,8 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
     shuffled targets, whole groups moved where they are of one size, the same folds and bases; ``shuffle="rows"``:
     rows shuffled freely, the null of "decodable at all", which keeps nothing of position), drawn in batches until
     settled, ``n_null`` the cap; its ``null`` is the range of the draws used. Shuffled target i is the same
-    whatever the batches."""
+    whatever the batches (and the same in every cell of one curve), and ``null_r2(stop)`` gives the R² of the first
+    ``stop`` of them, each fitted once (``best_of`` reads them)."""
     x, y = as_float64(x), as_float64(y)
     # the null moves whole groups where it can (a wind tunnel's sequences, each row keeping its position), so the
     # shuffled target keeps the real one's structure within a group; otherwise it shuffles rows
