@@ -166,8 +166,9 @@ def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, 
     ``pca_dim_90``, ``pca_dim_95``, ``participation_ratio``, ``curvature_gap``, ``graph_components``: the pieces
     of the kNN graph, 1 when every geodesic is a path through the data), ``test``: the curvature gap against the
     matched Gaussian clouds, drawn in batches until settled (``stats.sequential_test``, two-sided, ``n_null`` the
-    cap; ``n_null`` in the result: the clouds drawn), and ``null``: each scalar's 95% interval over those clouds. ``standardize``: z-score each coordinate first (the
-    toolkit's PCA convention for model readings; the null clouds are treated the same way). ``strata`` [n]: each
+    cap; ``n_null`` in the result: the clouds drawn), and ``null``: each scalar's 95% interval over those clouds.
+    ``standardize``: z-score each coordinate first (the toolkit's PCA convention for model readings; the null
+    clouds are treated the same way). ``strata`` [n]: each
     null cloud is drawn stratum by stratum with that stratum's mean and covariance (a flat cloud with the data's
     clusters, e.g. one per number of examples shown), so clustering alone does not count as curvature."""
     if not 1 <= d <= d_max:

@@ -245,8 +245,9 @@ def subject(p) -> str:
 def family_claim(rows: list[Row]) -> tuple[str, Row | None, str]:
     """(verdict, the surviving row or None, evidence) of a claim tested at every layer: one decision over the
     layers (``ledger.family``: Holm over the layers' sequential tests, above their nulls). Survivors: the one with
-    the largest value decides with its own verdict (``ledger.beyond_null``), named when that holds; none: "borderline" when some layer's
-    draws reached their cap undecided, else "does not hold", with the largest value's numbers and no layer named."""
+    the largest value decides with its own verdict (``ledger.beyond_null``), named when that holds; none:
+    "borderline" when some layer's draws reached their cap undecided, else "does not hold", with the largest
+    value's numbers and no layer named."""
     from ..stats import ledger as L
 
     if not any(r.test for r in rows):  # a run from before the layers' sequential tests
