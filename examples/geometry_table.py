@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=out_folder_arg, required=True, help="folder of the <checkpoint>/geometry.json files")
     ap.add_argument("--checkpoints", nargs="+", default=["hmm-sticky-cpu", "hmm-sticky-cpu-mlp"])
     ap.add_argument("--n", type=count_arg(), default=300, help="sequences (every query position of each is a row)")
-    ap.add_argument("--n-null", type=count_arg(), default=20)
+    ap.add_argument("--n-null", type=count_arg(), default=1000,
+                    help="shuffled-target decoders of the null, at most (drawn until settled)")
     ap.add_argument("--threads", type=count_arg(), default=1)
     ap.add_argument("--seed", type=seed_arg, default=2024)
     ap.add_argument("--render", action="store_true", help="print the table of OUT/*/geometry.json and exit")

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-fit", type=count_arg(), default=400, help="sequences the subspaces are fitted on")
     ap.add_argument("--n-eval", type=count_arg(), default=300, help="sequences the ablations are scored on")
     ap.add_argument("--controls", type=count_arg(), default=20, help="isotropic and matched draws per subspace, each")
-    ap.add_argument("--n-null", type=count_arg(), default=20, help="shuffled-target decoders of the null")
+    ap.add_argument("--n-null", type=count_arg(), default=1000,
+                    help="shuffled-target decoders of the null, at most (drawn until settled)")
     ap.add_argument("--threads", type=count_arg(), default=1)
     ap.add_argument("--seed", type=seed_arg, default=2024)
     ap.add_argument("--render", action="store_true", help="print the tables of OUT/*/p4b.json and exit")

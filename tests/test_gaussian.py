@@ -146,9 +146,11 @@ def test_calibration_is_zero_for_the_exact_predictor_and_at_its_null_for_a_shuff
     task = GaussianTask(ns=(1, 3, 8))
     cols = task.generate(40, seed=1)
     exact = task.exact_predictive(cols["numbers"])
-    kw = dict(groups=cols["sequence"], strata=cols["n"], n_boot=200, n_null=50, seed=0)
+    kw = dict(groups=cols["sequence"], strata=cols["n"], n_boot=200, n_null=1000, seed=0)
     same = predictive_calibration(np.log(exact), exact, np.arange(10), **kw)["all"]
     assert abs(same["kl_bits"]["value"]) < 1e-12 and same["kl_bits"]["value"] < same["kl_bits"]["null"][0]
+    # the null is drawn until the KL is settled against it: below it, before the cap, draws recorded
+    assert same["kl_bits"]["test"]["decision"] == "reject" and same["kl_bits"]["test"]["draws"] < 1000
     assert same["mean"]["r"] == pytest.approx(1.0) and abs(same["sd"]["error"]) < 1e-12
     assert same["mean"]["r"] > same["mean"]["r_null"][1]
     # another sequence's exact predictive at the same n: a predictor blind to the numbers, inside its null
@@ -161,6 +163,7 @@ def test_calibration_is_zero_for_the_exact_predictor_and_at_its_null_for_a_shuff
     blind = predictive_calibration(np.log(exact[order]), exact, np.arange(10), **kw)["all"]
     low, high = blind["kl_bits"]["null"]
     assert blind["kl_bits"]["value"] > 0.05 and low <= blind["kl_bits"]["value"] <= high
+    assert blind["kl_bits"]["test"]["decision"] == "accept" and blind["kl_bits"]["test"]["draws"] == 50
     assert blind["mean"]["r_null"][0] <= blind["mean"]["r"] <= blind["mean"]["r_null"][1]
 
 
@@ -196,6 +199,7 @@ def test_curvature_gap_is_above_its_null_on_a_curved_manifold_and_within_it_on_a
     assert c["rv_isomap"] < c["rv_pca"] / 2  # Isomap unrolls what PCA flattens
     assert f["curvature_gap"] <= f["null"]["curvature_gap"][1]
     assert f["pca_dim_90"] == 2 and f["participation_ratio"] < 2
+    assert c["test"]["draws"] == f["test"]["draws"] == 8  # a cap under one batch: the clouds it allows, recorded
 
 
 def test_flat_clusters_fool_the_flat_null_but_not_the_per_stratum_one():
@@ -233,3 +237,31 @@ def test_kind_runs_on_the_kalman_tunnel(tmp_path):
     assert targets == {"posterior mean", "posterior log sd"}
     assert any(r.metric == "gaussian_curvature_gap" for r in rows)
     assert any("curvature gap" in line.label for line in run.summary())
+
+
+def test_one_decision_over_layers_keeps_its_false_positive_rate_where_any_layer_did_not():
+    """Planted nulls, 200 draws of five layers whose statistic and null draws are exchangeable: the old rule (the
+    layer furthest beyond its null's 95% range of 20 draws, the old geometry count) fires far above the level; Holm
+    over the layers' sequential tests (``family_claim``) stays at or below it, and names no layer then."""
+    from interp_bayes.core.results import Row
+    from interp_bayes.kinds.gaussian import family_claim
+    from interp_bayes.stats import interval, ledger as L, sequential_test
+
+    old = new = 0
+    for i in range(200):
+        draws = np.random.default_rng(2000 + i).normal(size=(5, 1001))
+        rows = []
+        for layer, d in enumerate(draws):
+            used = [0]
+
+            def draw(b, d=d, used=used):
+                used[0] += b
+                return d[used[0] - b + 1:used[0] + 1]
+            test = sequential_test(draw, d[0], cap=1000)
+            rows.append(Row("gap", d[0], scope=dict(layer=layer), null_low=test.null[0], null_high=test.null[1],
+                            test=test.as_dict()))
+        old += any(d[0] > interval(d[1:21])[1] for d in draws)
+        verdict, best, _ = family_claim(rows)
+        new += verdict == L.HOLDS
+        assert (best is None) == (verdict not in (L.HOLDS, L.WEAK))
+    assert new / 200 <= 0.05 < old / 200, (new, old)

@@ -319,9 +319,11 @@ def test_belief_probe_finds_linear_targets_and_separates_position_codes():
     linear = x[:, :3] @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.standard_normal(400)
     by_position = strata + 0.3 * rng.standard_normal(400)  # moves with the stratum, not with the readings
     res = belief_probe(x, {"linear": linear, "noise": rng.standard_normal(400), "position": by_position},
-                       strata=strata, n_null=20, seed=1)
+                       strata=strata, n_null=1000, seed=1)
     assert res["linear"]["raw"]["r2_held_out"] > 0.95 and res["linear"]["within"]["r2_held_out"] > 0.95
     assert res["linear"]["raw"]["null"][1] < 0.1
+    assert res["linear"]["raw"]["test"]["decision"] == "reject" and res["linear"]["raw"]["test"]["draws"] < 1000
+    assert res["noise"]["raw"]["test"]["decision"] == "accept" and res["noise"]["raw"]["test"]["draws"] == 50
     assert res["noise"]["raw"]["r2_held_out"] < res["noise"]["raw"]["null"][1] + 0.02
     assert res["position"]["raw"]["r2_held_out"] > 0.9  # read off the position code ...
     assert res["position"]["within"]["r2_held_out"] < res["position"]["within"]["null"][1] + 0.02  # ... only

@@ -26,11 +26,10 @@ def test_rounding_noise_ties_give_one_spearman_everywhere():
 def test_the_axis_share_is_a_share_and_only_of_decodable_entropy():
     nan = float("nan")
     # an R² of 0.005 clearing a negative null, but its interval reaches below 0: nothing decodable to share
-    assert np.isnan(axis_share(0.08, 0.005, [-0.01, 0.02], [-0.05, -0.01]))
-    assert np.isnan(axis_share(0.5, 0.3, [0.2, 0.4], [-0.05, 0.35]))  # within its null
-    assert axis_share(0.5, 0.5, [0.4, 0.6], [-0.05, 0.05]) == 0.25 / 0.5
-    assert axis_share(0.6, 0.2, [0.1, 0.3], [-0.05, 0.05]) == 1.0  # the axis beats the ridge: all of it, not 1.8
-    assert axis_share(-0.6, 0.5, [0.4, 0.6], [nan, nan]) == 0.36 / 0.5  # no null drawn: the interval decides
+    assert np.isnan(axis_share(0.08, 0.005, [-0.01, 0.02], True))  # beyond a negative null, interval spans 0
+    assert np.isnan(axis_share(0.5, 0.3, [0.2, 0.4], False))  # its test did not reject the null
+    assert axis_share(0.5, 0.5, [0.4, 0.6], True) == 0.25 / 0.5
+    assert axis_share(0.6, 0.2, [0.1, 0.3], True) == 1.0  # the axis beats the ridge: all of it, not 1.8
 
 
 def test_cv_r2_holds_out_whole_sequences():

@@ -74,7 +74,7 @@ def test_cutting_the_embedding_reading_is_cutting_the_embedding_output(tmp_path)
     assert torch.allclose(edited, want, rtol=0, atol=1e3 * EPS32 * scale)
 
 
-def planted(within: bool, encodes: str, n_seq: int = 120, Q: int = 10, d: int = 16, seed: int = 0):
+def planted(within: bool, encodes: str, n_seq: int = 40, Q: int = 10, d: int = 16, seed: int = 0):
     """Rows (sequence, position) with an entropy that is a function of position (``within`` False: the bijection
     without replacement) or also varies within a position (True: with replacement), and activations that encode
     either the entropy itself or only the position (a random vector per position, as a learned position table)."""
@@ -92,7 +92,7 @@ def planted(within: bool, encodes: str, n_seq: int = 120, Q: int = 10, d: int = 
 
 
 def verdicts(x, entropy, position, groups) -> dict:
-    kw = dict(site="resid", layer=0, n_layers=1, groups=groups, folds=4, n_null=20, n_boot=100, seed=0)
+    kw = dict(site="resid", layer=0, n_layers=1, groups=groups, folds=4, n_null=1000, n_boot=100, seed=0)
     return {"decodable": _decodability(x, entropy, shuffle="rows", **kw),
             "within": _decodability(x, entropy, covariates=covariate_basis({"position": position}), **kw)}
 

@@ -72,3 +72,26 @@ def test_rows_record_the_draws_used_in_the_csv():
     record = dict(zip(header.split(","), line.split(",")))
     assert int(record["draws"]) == row.test["draws"] < 1000 and float(record["p"]) == row.test["p"]
     assert row.null_low == interval(np.random.default_rng(2).standard_normal(row.test["draws"]))[0]
+
+
+def test_readout_and_order_invariance_hold_only_where_their_delta_could_be_seen():
+    """The readout claim (delta READOUT_DELTA_BITS of MAE) and order invariance (ORDER_DELTA_BITS of JS per k):
+    a true edit inside its controls' range holds only when that range could show the claim's delta; a range as
+    wide as a wind tunnel's matched controls (+-0.06 bits) reads "not testable here" and says what it could see."""
+    from interp_bayes.kinds.interventions import READOUT_DELTA_BITS, readout_claim
+    from interp_bayes.kinds.martingale import ORDER_DELTA_BITS
+
+    def cut(low, high):
+        return [Row("effect", 0.0, scope=dict(op="cut", measure="mae_k_ge_1", family="true", layer_set="3"),
+                    null_low=low, null_high=high, null="matched controls")]
+
+    narrow, wide = readout_claim(cut(-0.005, 0.005)), readout_claim(cut(-0.06, 0.06))
+    assert narrow.verdict == L.HOLDS and L.detectable(cut(-0.005, 0.005)[0]) <= READOUT_DELTA_BITS
+    assert wide.verdict == L.UNTESTABLE and "could see only a harm of" in wide.evidence
+    assert readout_claim(cut(-0.06, -0.03)).verdict == L.FAILS  # a harm beyond the controls: no power question
+
+    def ks(half):
+        return [Row("js", 1e-5, scope=dict(k=k), null_low=0.0, null_high=2 * half) for k in (1, 2, 4)]
+    assert L.none_beyond(ks(5e-5), delta=ORDER_DELTA_BITS) == L.HOLDS  # the float32 floor: 1e-4 bits
+    assert L.none_beyond(ks(5e-3), delta=ORDER_DELTA_BITS) == L.UNTESTABLE
+    assert L.none_beyond(ks(5e-3)) == L.HOLDS  # without a delta: the old reading, whatever the power

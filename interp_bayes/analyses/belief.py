@@ -82,12 +82,13 @@ def untrained_like(folder: str | Path, tmp: str | Path, *, seed: int = 0):
 
 def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, length: int | None = None,
                              readings: tuple[str, ...] = PROBE_READINGS, layers: list[int] | None = None,
-                             window: int = 4, folds: int = 5, n_shuffles: int = 20, n_boot: int = 1000,
+                             window: int = 4, folds: int = 5, n_shuffles: int = 1000, n_boot: int = 1000,
                              seed: int = 2024, untrained: bool = True) -> BeliefProbeResult:
     """Belief probes of a trained wind-tunnel folder on ``n_sequences`` fresh sequences, with the three controls.
 
     Rows: models ``trained`` and ``untrained`` (same architecture, fresh weights) against targets ``exact``,
-    ``window-m`` and ``exact-minus-window-m`` (R² only). Every row carries the shuffled null.
+    ``window-m`` and ``exact-minus-window-m`` (R² only). Every row carries the shuffled null (drawn until settled,
+    ``n_shuffles`` the cap) with its ``decision``, ``p`` and ``draws``.
     """
     from ..model.loading import load_model
     from ..tasks.filters import window_posterior
@@ -116,7 +117,8 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
                                      r2_low=r["r2_ci"][0], r2_high=r["r2_ci"][1], kl_bits=r["kl_bits"],
                                      null_mean=r["shuffled"]["mean"], null_low=r["shuffled"]["range"][0],
                                      null_high=r["shuffled"]["range"][1], n=r["n"], n_sequences=r["n_sequences"],
-                                     dim=r["dim"]))
+                                     dim=r["dim"], decision=r["shuffled"]["test"]["decision"],
+                                     p=r["shuffled"]["test"]["p"], draws=r["shuffled"]["n"]))
 
     probe_all(load_model(folder), "trained", targets)
     if untrained:

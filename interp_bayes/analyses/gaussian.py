@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ..stats import as_float64, bootstrap_means, bootstrap_pearson, interval, permutations
+from ..stats import (as_float64, bootstrap_means, bootstrap_pearson, interval, permutations, sequential_test,
+    sequential_tests)
 from ..stats.calibration import kl_bits
 from ..stats.pca import participation_ratio, standardise, thin_svd
+from ..stats.sequential import BATCH
 
 LN2 = float(np.log(2.0))
 SHARES = (0.9, 0.95)  # variance shares whose PCA dimension is reported
@@ -37,7 +39,7 @@ def _moments(p: np.ndarray, support: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def predictive_calibration(model_logprobs, exact, support, *, groups, strata, n_boot: int = 1000,
-                           n_null: int = 200, seed: int = 0) -> dict[Any, dict[str, Any]]:
+                           n_null: int = 1000, seed: int = 0) -> dict[Any, dict[str, Any]]:
     """``calibration_table`` of a model's distribution over number tokens: ``model_logprobs`` [N, J] (natural log,
     renormalised over the J number tokens) against ``exact`` [N, J], ``support`` [J] the numbers the tokens stand
     for; the reference is a uniform predictor over the J numbers."""
@@ -57,7 +59,7 @@ def normal_kl_bits(mean0, sd0, mean1, sd1) -> np.ndarray:
 
 
 def normal_calibration(model_mean, model_sd, exact_mean, exact_sd, *, groups, strata, n_boot: int = 1000,
-                       n_null: int = 200, seed: int = 0) -> dict[Any, dict[str, Any]]:
+                       n_null: int = 1000, seed: int = 0) -> dict[Any, dict[str, Any]]:
     """``calibration_table`` of one-dimensional Gaussian beliefs (the Kalman tunnel's head against the exact
     filter); the reference is the exact belief of another row of the same stratum (the null's mean)."""
     mm, ms, em, es = (as_float64(a) for a in (model_mean, model_sd, exact_mean, exact_sd))
@@ -67,25 +69,35 @@ def normal_calibration(model_mean, model_sd, exact_mean, exact_sd, *, groups, st
 
 
 def calibration_table(kl, kl_permuted, pairs: dict[str, tuple], *, groups, strata, reference=None,
-                      n_boot: int = 1000, n_null: int = 200, seed: int = 0) -> dict[Any, dict[str, Any]]:
+                      n_boot: int = 1000, n_null: int = 1000, seed: int = 0) -> dict[Any, dict[str, Any]]:
     """Per stratum (each level, and ``"all"``): the mean of the per-row ``kl`` [N] (bits) with a bootstrap interval
     over ``groups`` and a null (``kl_permuted(perm)``: each row scored with the model's belief of another row of
-    its stratum, ``n_null`` permutations: is the belief specific to the data shown?); for each of ``pairs``
+    its stratum: is the belief specific to the data shown? drawn in batches until every level's KL is settled
+    against it, ``stats.sequential_tests``, ``n_null`` the cap; ``test`` per level); for each of ``pairs``
     (name -> (model [N], exact [N])) the mean error model - exact with its interval and the Pearson r with its
-    interval and a within-stratum permutation null; ``reference`` [N]: a reference predictor's KL, averaged."""
+    interval and a within-stratum permutation null (the permutations the KL's tests drew); ``reference`` [N]: a
+    reference predictor's KL, averaged."""
     groups, strata = np.asarray(groups), np.asarray(strata)
-    perms = permutations(len(kl), n_null, np.random.default_rng(seed), strata)  # [n_null, N]
-    null_rows = np.stack([kl_permuted(perm) for perm in perms])  # [n_null, N]
+    perms = permutations(len(kl), n_null, np.random.default_rng(seed), strata)  # [n_null, N], drawn in order
+    levels = [*np.unique(strata).tolist(), "all"]
+    sels = [np.ones(len(kl), bool) if level == "all" else strata == level for level in levels]
+    drawn: list[np.ndarray] = []
+
+    def draw(b):  # the mean permuted KL of every level for the next b permutations: [b, levels]
+        drawn.extend(kl_permuted(perm) for perm in perms[len(drawn):len(drawn) + b])
+        return np.stack([[row[sel].mean() for sel in sels] for row in drawn[-b:]])
+
+    # a within-stratum permutation maps each stratum onto itself, so one set of permutations serves every level
+    tests = sequential_tests(draw, [kl[sel].mean() for sel in sels], cap=n_null, batch=min(BATCH, n_null))
+    perms = perms[:len(drawn)]  # the correlations' nulls read the same permutations
     out: dict[Any, dict[str, Any]] = {}
-    for level in [*np.unique(strata).tolist(), "all"]:
-        sel = np.ones(len(kl), bool) if level == "all" else strata == level
+    for level, sel, test in zip(levels, sels, tests):
         g = groups[sel]
         errors = np.column_stack([kl[sel], *(m[sel] - e[sel] for m, e in pairs.values())])
         mean, low, high = bootstrap_means(errors, g, n_boot=n_boot, seed=seed)
         res: dict[str, Any] = dict(n=int(sel.sum()), n_groups=int(len(np.unique(g))))
-        # a within-stratum permutation maps each stratum onto itself, so one set of permutations serves every level
-        res["kl_bits"] = dict(value=float(mean[0]), ci=[float(low[0]), float(high[0])],
-                              null=interval(null_rows[:, sel].mean(1)))
+        res["kl_bits"] = dict(value=float(mean[0]), ci=[float(low[0]), float(high[0])], null=list(test.null),
+                              test=test.as_dict())
         if reference is not None:
             res["kl_reference_bits"] = float(as_float64(reference)[sel].mean())
         for i, (name, (model_v, exact_v)) in enumerate(pairs.items(), start=1):
@@ -101,7 +113,7 @@ def calibration_table(kl, kl_permuted, pairs: dict[str, tuple], *, groups, strat
     return out
 
 
-def belief_decoding(x, targets: dict[str, Any], *, groups, strata, folds: int = 5, n_null: int = 200,
+def belief_decoding(x, targets: dict[str, Any], *, groups, strata, folds: int = 5, n_null: int = 1000,
                     seed: int = 0) -> dict[str, dict[str, Any]]:
     """Held-out R^2 of each belief summary from the readings ``x`` [N, dim] (raw, and within stratum), folds of
     whole ``groups``: the Kalman tunnel's probe (``windtunnel.kalman.belief_probe``), the one copy."""
@@ -146,15 +158,17 @@ def _geometry(z: np.ndarray, d_max: int, n_neighbors: int) -> dict[str, Any]:
     return out
 
 
-def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, n_null: int = 20,
+def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, n_null: int = 1000,
                        standardize: bool = True, strata=None, seed: int = 0) -> dict[str, Any]:
     """Linear (PCA) against nonlinear (Isomap) dimension of the rows of ``x`` [n, dim], with a matched-Gaussian
     null (see the module docstring). ``d``: the embedding dimension of the headline ``curvature_gap`` (2: a
     Gaussian belief has two parameters). Returns the data's statistics (``rv_pca``, ``rv_isomap`` per d = 1..d_max,
     ``pca_dim_90``, ``pca_dim_95``, ``participation_ratio``, ``curvature_gap``, ``graph_components``: the pieces
-    of the kNN graph, 1 when every geodesic is a path through the data) and ``null``: each scalar's
-    95% interval over ``n_null`` matched Gaussian clouds. ``standardize``: z-score each coordinate first (the
-    toolkit's PCA convention for model readings; the null clouds are treated the same way). ``strata`` [n]: each
+    of the kNN graph, 1 when every geodesic is a path through the data), ``test``: the curvature gap against the
+    matched Gaussian clouds, drawn in batches until settled (``stats.sequential_test``, two-sided, ``n_null`` the
+    cap; ``n_null`` in the result: the clouds drawn), and ``null``: each scalar's 95% interval over those clouds.
+    ``standardize``: z-score each coordinate first (the toolkit's PCA convention for model readings; the null
+    clouds are treated the same way). ``strata`` [n]: each
     null cloud is drawn stratum by stratum with that stratum's mean and covariance (a flat cloud with the data's
     clusters, e.g. one per number of examples shown), so clustering alone does not count as curvature."""
     if not 1 <= d <= d_max:
@@ -166,20 +180,26 @@ def manifold_curvature(x, *, d: int = 2, d_max: int = 6, n_neighbors: int = 10, 
     draws = []
     members = [np.arange(len(z))] if strata is None else [np.flatnonzero(np.asarray(strata) == s)
                                                           for s in np.unique(strata)]
-    for _ in range(n_null):
-        # rows N(mean_s, cov_s) per stratum s (one stratum: the data's covariance), a flat cloud or flat clusters
-        fake = np.empty_like(z)
-        for rows in members:
-            dev = z[rows] - z[rows].mean(0)
-            fake[rows] = z[rows].mean(0) + rng.standard_normal((len(rows), len(rows))) @ dev / np.sqrt(len(rows))
-        draws.append(_geometry(prep(fake), d_max, n_neighbors))
 
     def scalars(g: dict) -> dict[str, float]:
         return dict(pca_dim_90=g["pca_dim_90"], pca_dim_95=g["pca_dim_95"],
                     participation_ratio=g["participation_ratio"], rv_pca=g["rv_pca"][d - 1],
                     rv_isomap=g["rv_isomap"][d - 1], curvature_gap=g["rv_pca"][d - 1] - g["rv_isomap"][d - 1])
 
-    out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=n_null,
-               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum")
-    out["null"] = {k: interval([scalars(g)[k] for g in draws]) for k in scalars(data)}
+    def draw(b):
+        for _ in range(b):
+            # rows N(mean_s, cov_s) per stratum s (one stratum: the data's covariance), a flat cloud or flat clusters
+            fake = np.empty_like(z)
+            for rows in members:
+                dev = z[rows] - z[rows].mean(0)
+                fake[rows] = z[rows].mean(0) + rng.standard_normal((len(rows), len(rows))) @ dev / np.sqrt(len(rows))
+            draws.append(scalars(_geometry(prep(fake), d_max, n_neighbors)))
+        return [g["curvature_gap"] for g in draws[-b:]]
+
+    gap = scalars(data)["curvature_gap"]
+    test = sequential_test(draw, gap, cap=n_null, batch=min(BATCH, n_null)).as_dict() if n_null > 0 else None
+    out = dict(data, **scalars(data), d=d, n=int(len(z)), n_neighbors=n_neighbors, n_null=len(draws),
+               null_kind="matched Gaussian" if strata is None else "matched Gaussian per stratum", test=test)
+    nan2 = [float("nan")] * 2  # no clouds drawn (``n_null=0``: the data's statistics alone)
+    out["null"] = {k: interval([g[k] for g in draws]) if draws else nan2 for k in scalars(data)}
     return out

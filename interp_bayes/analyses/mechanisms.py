@@ -26,7 +26,8 @@ from ..core.layers import layer_index
 from ..core.results import Row
 from ..model.hooks import act_name
 from ..stats.pca import correlations
-from ..stats import as_float64, interval, percentile_of
+from ..stats import as_float64, interval, percentile_of, sequential_test
+from ..stats.sequential import BATCH
 from .neurons import LN2, ablation_hook, final_norm_run
 from .unembedding import NullSpace, unembedding_null_space
 
@@ -43,10 +44,12 @@ def value_axis_in_residual(model, direction, layer: int) -> np.ndarray:
     return np.einsum("hd,hdm->m", u[groups], w_o)
 
 
-def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = None, n_random: int = 200,
+def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = None, n_random: int = 1000,
                       seed: int = 0) -> dict:
     """rho = |V0^T r| / |r| (the fraction of the residual image's norm in the null space) of the value axis, beside
-    ``n_random`` isotropic value directions orthogonal to it, mapped through W_O the same way."""
+    isotropic value directions orthogonal to it, mapped through W_O the same way: drawn in batches until rho's
+    place among them is settled (``stats.sequential_test``, two-sided, ``n_random`` the cap; direction i is the
+    same whatever the batches). ``test`` records the decision and ``n_random`` the directions drawn."""
     from .controls import isotropic_axes
 
     idx = layer_index(layer, model.cfg.n_layers)
@@ -54,11 +57,18 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
     u = as_float64(getattr(direction, "direction", direction))
     u = u / np.linalg.norm(u)
     rho = float(null.rho(value_axis_in_residual(model, u, idx)))
-    randoms = isotropic_axes(u, n_random, layer=idx, seed=seed)
-    null_rho = np.array([null.rho(value_axis_in_residual(model, d, idx)) for d in randoms])
+    drawn: list[float] = []
+
+    def draw(b):
+        randoms = isotropic_axes(u, b, layer=idx, seed=seed, start=len(drawn))
+        drawn.extend(null.rho(value_axis_in_residual(model, d, idx)) for d in randoms)
+        return drawn[-b:]
+
+    test = sequential_test(draw, rho, cap=n_random, batch=min(BATCH, n_random))
+    null_rho = np.asarray(drawn)
     return dict(layer=idx, rho=rho, random_mean=float(null_rho.mean()), random_range=interval(null_rho),
-                percentile=percentile_of(rho, null_rho), n_random=n_random, chance_rho=null.chance,
-                residual_norm=float(np.linalg.norm(value_axis_in_residual(model, u, idx))))
+                percentile=percentile_of(rho, null_rho), n_random=len(drawn), chance_rho=null.chance,
+                residual_norm=float(np.linalg.norm(value_axis_in_residual(model, u, idx))), test=test.as_dict())
 
 
 def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=None, n_perm: int = 1000,

@@ -124,7 +124,7 @@ class P4bResult:
 
 
 def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: int = 20, folds: int = 5,
-        n_null: int = 20, n_boot: int = 500, frames: bool = True, geometry: bool = True, seed: int = 2024,
+        n_null: int = 1000, n_boot: int = 500, frames: bool = True, geometry: bool = True, seed: int = 2024,
         progress: bool = True) -> P4bResult:
     """P4b on a trained wind-tunnel folder (see the module docstring); ``n_controls`` isotropic and as many
     variance-matched random subspaces per ablated subspace."""
@@ -298,7 +298,7 @@ def final_geometry(readings: dict[str, torch.Tensor], entropy: np.ndarray, group
                 pc1_null=rep["nulls"]["permuted"], clusters=cluster_count(x, seed=seed))
 
 
-def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null: int = 20, n_boot: int = 200,
+def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null: int = 1000, n_boot: int = 200,
                     seed: int = 2024) -> dict:
     """Issue 27 item 6 on the bijection and HMM tunnels (recall's exact entropy is 0 at every query: nothing to
     decode) and any architecture the collector reads at the residual stream: the exact posterior's entropy decoded

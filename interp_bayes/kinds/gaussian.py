@@ -33,11 +33,13 @@ class GaussianParams(TunnelParams):
     ns: tuple[int, ...] = (1, 2, 3, 5, 8, 12, 16, 24)  # Gaussian task: prefix lengths (numbers shown)
     seed: int = 42  # the sequence draws
     folds: int = 5
-    n_null: int = 200  # permutations of the calibration and decoding nulls
+    n_null: int = 1000  # permutations of the calibration and decoding nulls, at most (drawn until settled)
     n_boot: int = 1000
     n_neighbors: int = 10  # Isomap's kNN graph
     d_max: int = 6  # embedding dimensions scored
-    n_null_geometry: int = 20  # matched-Gaussian clouds of the geometry null
+    # matched-Gaussian clouds of the geometry null, at most: drawn until the curvature gap is settled against them
+    # (50 when clearly inside, about 550 when clearly beyond; each cloud is one Isomap fit)
+    n_null_geometry: int = 1000
     # "matched": flat clouds with the states' covariance; "matched_per_n": drawn per n (per step on the Kalman
     # tunnel) with that stratum's mean and covariance, so clusters by n alone are not read as curvature
     geometry_null: Literal["matched", "matched_per_n"] = "matched_per_n"
@@ -112,7 +114,7 @@ def run(ctx, p: GaussianParams) -> Result:
         scope = dict(k=level)
         kl = res["kl_bits"]
         rows.append(Row("gaussian_kl_bits", kl["value"], "bits", scope, *kl["ci"], "bootstrap 95% (sequences)",
-                        *kl["null"], "another prompt's prediction, same n", res["n"]))
+                        *kl["null"], "another prompt's prediction, same n", res["n"], test=kl["test"]))
         if "kl_reference_bits" in res:
             rows.append(Row("gaussian_kl_uniform_bits", res["kl_reference_bits"], "bits", scope, n=res["n"]))
         for name in ("mean", "sd"):
@@ -132,17 +134,26 @@ def run(ctx, p: GaussianParams) -> Result:
                 rows.append(Row("gaussian_decoding_r2", r["r2_held_out"], "",
                                 dict(target=target, reading="resid", layer=layer, adjust=adjust),
                                 null_low=r["null"][0], null_high=r["null"][1], null="permuted target",
-                                n=n_groups))
+                                n=n_groups, test=r["test"]))
         geo = manifold_curvature(x, d_max=p.d_max, n_neighbors=p.n_neighbors, n_null=p.n_null_geometry,
                                  strata=strata if p.geometry_null == "matched_per_n" else None, seed=ctx.config.seed)
         geometry[str(layer)] = {k: geo[k] for k in ("rv_pca", "rv_isomap")}
         for name in GEOMETRY:
             rows.append(Row(f"gaussian_{name}", geo[name], "", dict(reading="resid", layer=layer),
                             null_low=geo["null"][name][0], null_high=geo["null"][name][1],
-                            null=f"{geo['null_kind']} ({p.n_null_geometry} clouds)", n=geo["n"],
+                            null=f"{geo['null_kind']} ({geo['n_null']} clouds)", n=geo["n"],
                             note=f"d = {geo['d']}; kNN graph in {geo['graph_components']} piece(s)"
-                            if name in ("rv_pca", "rv_isomap", "curvature_gap") else None))
+                            if name in ("rv_pca", "rv_isomap", "curvature_gap") else None,
+                            test=geo["test"] if name == "curvature_gap" else None))
     return Result(rows, dict(task=p.tunnel or "gaussian", geometry=geometry, **data["extra"]))
+
+
+def _kl_word(kl: Row) -> str:
+    """The KL's place against another prompt's prediction, as its sequential test decided it."""
+    from ..stats import ledger as L
+
+    below = L.beyond_null(kl, "below")
+    return "below null" if below == L.HOLDS else L.BORDERLINE if below == L.BORDERLINE else kl.verdict()
 
 
 def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
@@ -152,7 +163,7 @@ def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
     if kl is not None:
         out.append(Line(f"{where}KL(exact predictive || model), bits", f"{kl.value:.3f} [{kl.low:.3f}, {kl.high:.3f}]"
                         f"; another prompt's prediction [{kl.null_low:.3f}, {kl.null_high:.3f}]",
-                        "below null" if kl.verdict() == "below null" else kl.verdict()))
+                        _kl_word(kl)))
     for name in ("mean", "sd"):
         r = next(iter(select(rows, f"gaussian_{name}_r", k="all")), None)
         if r is not None:
@@ -231,11 +242,32 @@ def subject(p) -> str:
     return "" if p.tunnel is None else Path(p.tunnel).name
 
 
+def family_claim(rows: list[Row]) -> tuple[str, Row | None, str]:
+    """(verdict, the surviving row or None, evidence) of a claim tested at every layer: one decision over the
+    layers (``ledger.family``: Holm over the layers' sequential tests, above their nulls). Survivors: the one with
+    the largest value decides with its own verdict (``ledger.beyond_null``), named when that holds; none:
+    "borderline" when some layer's draws reached their cap undecided, else "does not hold", with the largest
+    value's numbers and no layer named."""
+    from ..stats import ledger as L
+
+    if not any(r.test for r in rows):  # a run from before the layers' sequential tests
+        return L.UNTESTABLE, None, "no sequential test per layer in this run (rerun it)"
+    survive, undecided = L.family(rows)
+    if survive:
+        best = max(survive, key=lambda r: r.value)
+        verdict = L.beyond_null(best)  # its own draws may still be open at the cap: borderline, no layer named
+        return verdict, best if verdict == L.HOLDS else None, L.fmt(best)
+    best = max(rows, key=lambda r: r.value)
+    where = f"; largest at L{best.scope['layer']}: " if len(rows) > 1 else ": "
+    return (L.BORDERLINE if undecided else L.FAILS), None, \
+        f"no layer survives Holm over {len(rows)} layers{where}{L.fmt(best)}"
+
+
 def ledger(probes) -> list:
     """Sarfati et al.'s claims on this toolkit's models: the posterior's mean and spread are decodable, and the
-    belief states lie on a curved manifold (the curvature gap beyond its flat null at some layer)."""
+    belief states lie on a curved manifold (the curvature gap beyond its flat null), each one decision over the
+    layers (``family_claim``), the layer named only when it survives."""
     from ..core.plugin import Claim
-    from ..stats import ledger as L
 
     out = []
     for p in probes:
@@ -244,17 +276,18 @@ def ledger(probes) -> list:
             rs = [r for r in select(p.rows, "gaussian_decoding_r2", target=target, adjust="within n")
                   if np.isfinite(r.value)]
             if rs:
-                best = max(rs, key=lambda r: r.value)
+                verdict, best, evidence = family_claim(rs)
+                at = f"L{best.scope['layer']}" if best is not None else "no layer survives"
                 out.append(Claim(f"gaussian-{target.replace(' ', '-')}", f"The {target} is decodable beyond the "
-                                 f"number of examples shown (held-out R², within n, L{best.scope['layer']})",
-                                 L.beyond_null(best), L.fmt(best), subject=where, rival=True,
-                                 section=f"fig-gaussian-{p.name}"))
-        gaps = select(p.rows, "gaussian_curvature_gap")
+                                 f"number of examples shown (held-out R², within n, {at})",
+                                 verdict, evidence, subject=where, rival=True, section=f"fig-gaussian-{p.name}"))
+        gaps = [r for r in select(p.rows, "gaussian_curvature_gap") if np.isfinite(r.value)]
         if gaps:
-            best = max(gaps, key=lambda r: r.value - r.null_high)
+            verdict, best, evidence = family_claim(gaps)
+            at = f"L{best.scope['layer']}" if best is not None else "no layer survives"
             out.append(Claim("gaussian-curved", "Belief states lie on a curved manifold (Isomap beats PCA beyond "
-                             f"flat matched clouds, L{best.scope['layer']})", L.beyond_null(best),
-                             L.fmt(best), subject=where, rival=True, section=f"fig-gaussian-{p.name}"))
+                             f"flat matched clouds, {at})", verdict, evidence, subject=where, rival=True,
+                             section=f"fig-gaussian-{p.name}"))
     return out
 
 

@@ -299,6 +299,10 @@ def figures(probes) -> list[Figure]:
     return out
 
 
+# the readout claim's delta (bits of in-context entropy MAE): an ablation that adds this much is a bottleneck the claim
+# must be able to see; it is the wind tunnels' calibration bound (windtunnel.CALIBRATED_BITS "holds" at 0.01 bits), so
+# a harm the claim cannot see could take a calibrated tunnel out of calibration
+READOUT_DELTA_BITS = 0.01
 READOUT_OPS = {"cut": "cut", "resample": "resample ablation, on the manifold",
                "mean": "stratum-mean ablation, on the manifold"}  # op -> how the claim names it
 
@@ -306,8 +310,9 @@ READOUT_OPS = {"cut": "cut", "resample": "resample ablation, on the manifold",
 def readout_claim(rows: list[Row], subject: str = "", section: str = "", op: str = "cut"):
     """The claim that the axis is a readout, not a bottleneck: ablating it (``op``: the linear cut, or the
     on-manifold ``resample`` / ``mean``) at the widest layer set harms the in-context MAE no more than ablating
-    matched random axes the same way (None without such a row). Claim keys: ``readout``, ``readout-resample``,
-    ``readout-mean``."""
+    matched random axes the same way (None without such a row). A non-rejection: "holds" only when the controls'
+    range could have shown a harm of ``READOUT_DELTA_BITS`` (``ledger.detectable``), else "not testable here".
+    Claim keys: ``readout``, ``readout-resample``, ``readout-mean``."""
     from ..stats import ledger as L
     from ..core.plugin import Claim
 
@@ -316,8 +321,12 @@ def readout_claim(rows: list[Row], subject: str = "", section: str = "", op: str
         return None
     row = max(cuts, key=lambda r: len(str(r.scope.get("layer_set", "")).split("+")))
     key = "readout" if op == "cut" else f"readout-{op}"
+    verdict, evidence = L.not_beyond_null(row, delta=READOUT_DELTA_BITS), L.fmt(row)
+    if verdict == L.UNTESTABLE and L.beyond_null(row) == L.FAILS:
+        evidence += (f"; the controls could see only a harm of {L.detectable(row):.3g} bits or more (claim: "
+                     f"{READOUT_DELTA_BITS:g})")
     return Claim(key, f"The axis is a readout, not a bottleneck ({READOUT_OPS[op]} at L{row.scope.get('layer_set')}: "
-                 "change in MAE k >= 1, bits)", L.not_beyond_null(row), L.fmt(row), subject=subject, section=section)
+                 "change in MAE k >= 1, bits)", verdict, evidence, subject=subject, section=section)
 
 
 def readout_claims(rows: list[Row], subject: str = "", section: str = "") -> list:

@@ -44,7 +44,8 @@ class EntropyNeuronsParams(TunnelParams):
     n_random: int = 10  # random neurons of the same layer, ablated as the control
     n_boot: int = 1000
     frequency_top_n: int = 10  # token-frequency neurons listed (SULA)
-    n_random_directions: int = 200  # random value directions of the null-space overlap null
+    n_random_directions: int = 1000  # random value directions of the null-space overlap null, at most (drawn until
+    #                                  the axis's rho is settled against them)
     per_k: int = 50  # SULA: the prompts of the axis and of the scale-entropy correlation
     seed: int = 42
     covariates: tuple[str, ...] = ("length", "k", "log_k")
@@ -108,7 +109,8 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
     rows.append(Row("axis_null_rho", overlap["rho"], "fraction of |r|", dict(layer=overlap["layer"]),
                     null_low=overlap["random_range"][0], null_high=overlap["random_range"][1],
                     null=f"{overlap['n_random']} random value directions",
-                    note=f"percentile {overlap['percentile']:.3f}; chance {overlap['chance_rho']:.4f}"))
+                    note=f"percentile {overlap['percentile']:.3f}; chance {overlap['chance_rho']:.4f}",
+                    test=overlap["test"]))
     k = np.array(s.cols["k"])
     cov, names = recipe_nuisances(p, [len(t) for t in s.acts.token_ids], k)
     scale = scale_entropy(model, s.prompts, label_tokens=s.labels, covariates=cov, strata=k, n_perm=p.n_perm,

@@ -160,13 +160,19 @@ def count_beyond(rows: Iterable[Row], side: str = "above") -> tuple[int, int]:
     return sum(v == HOLDS for v in judged), len(judged)
 
 
-def none_beyond(rows: Iterable[Row], side: str = "above") -> str:
-    """A claim of *no* effect tested at several k (e.g. predictions form a martingale): ``holds`` when no k clears
-    its null, ``holds weakly`` when fewer than half do, ``does not hold`` when half or more do."""
+def none_beyond(rows: Iterable[Row], side: str = "above", delta: float | None = None) -> str:
+    """A claim of *no* effect tested at several k (e.g. predictions do not depend on the order of the examples):
+    ``holds`` when no k clears its null, ``holds weakly`` when fewer than half do, ``does not hold`` when half or
+    more do. With the claim's ``delta``, "holds" needs every k's test to have been able to see it (``detectable``
+    <= delta at each k); otherwise "not testable here"."""
+    rows = list(rows)
     hit, total = count_beyond(rows, side)
     if total == 0:
         return UNTESTABLE
-    return HOLDS if hit == 0 else WEAK if 2 * hit < total else FAILS
+    verdict = HOLDS if hit == 0 else WEAK if 2 * hit < total else FAILS
+    if verdict == HOLDS and delta is not None and not all(detectable(r, side) <= delta for r in rows):
+        return UNTESTABLE
+    return verdict
 
 
 def worst(verdicts: Iterable[str]) -> str:

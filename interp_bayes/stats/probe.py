@@ -8,8 +8,10 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
-from . import as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2
+from . import (as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2,
+    sequential_test)
 from .calibration import kl_bits
+from .sequential import BATCH
 
 FLOOR = 1e-3
 
@@ -20,14 +22,16 @@ def simplex_belief(pred: np.ndarray, floor: float = FLOOR) -> np.ndarray:
     return clipped / clipped.sum(axis=-1, keepdims=True)
 
 
-def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: int = 20, n_boot: int = 1000,
+def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: int = 1000, n_boot: int = 1000,
                  seed: int = 0, floor: float = FLOOR, simplex: bool = True) -> dict[str, Any]:
     """Cross-fitted linear probe of ``posterior`` [n, H] from ``acts`` [n, d] (see the module docstring).
 
     ``groups``: the sequence of each row (rows of one sequence share a fold); default: rows are independent.
     Rows must come in equal-sized groups in sequence-major order for the position-keeping shuffle (as
     ``query_readings`` gives them); otherwise whole rows are shuffled. ``simplex=False`` skips the KL (for targets
-    that are not distributions, e.g. exact minus window). Returns r2, r2_ci, kl_bits and the shuffled null.
+    that are not distributions, e.g. exact minus window). Returns r2, r2_ci, kl_bits and the shuffled null: shuffles
+    drawn in batches until the R²'s place against them is settled (``sequential_test``, ``n_shuffles`` the cap),
+    their mean and 95% range, the draws used and the test.
     """
     from threadpoolctl import threadpool_limits
 
@@ -47,12 +51,20 @@ def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffle
     order = group_permutations(inverse, n_shuffles, [seed, 1])
     if order is None:
         order = permutations(len(y), n_shuffles, [seed, 1])
-    nulls = [y[o] for o in order]
-    y_hat, *null_hats = cross_fitted_ridge(x, [y, *nulls], inverse, folds=folds, seed=seed)
+    y_hat, = cross_fitted_ridge(x, [y], inverse, folds=folds, seed=seed)
+    observed = r2(y, y_hat, pooled=True)
+    drawn: list[float] = []
+
+    def draw(b):  # the pooled R² of the next b shuffles (shuffle i the same whatever the batches)
+        nulls = [y[o] for o in order[len(drawn):len(drawn) + b]]
+        drawn.extend(r2(y_null, hat, pooled=True) for y_null, hat in
+                     zip(nulls, cross_fitted_ridge(x, nulls, inverse, folds=folds, seed=seed)))
+        return drawn[-b:]
+
+    test = sequential_test(draw, observed, cap=n_shuffles, batch=min(BATCH, n_shuffles))
     boot = bootstrap_r2(y, y_hat, inverse, n_boot=n_boot, seed=seed)
-    null = [r2(y_null, hat, pooled=True) for y_null, hat in zip(nulls, null_hats)]
-    out = dict(r2=r2(y, y_hat, pooled=True), r2_ci=interval(boot), n=int(len(y)),
-               n_sequences=int(inverse.max()) + 1, dim=int(x.shape[1]), folds=folds,
-               shuffled=dict(mean=float(np.mean(null)), range=interval(null), n=n_shuffles))
+    out = dict(r2=observed, r2_ci=interval(boot), n=int(len(y)), n_sequences=int(inverse.max()) + 1,
+               dim=int(x.shape[1]), folds=folds,
+               shuffled=dict(mean=float(np.mean(drawn)), range=list(test.null), n=test.draws, test=test.as_dict()))
     out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
     return out

@@ -33,8 +33,8 @@ from torch import nn
 
 from ..core.errors import ConfigError
 from ..stats.sequential import ACCEPT, BATCH, REJECT
-from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_within, cross_fitted_ridge, interval,
-                     permutations, r2)
+from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_within, cross_fitted_ridge, permutations,
+                     r2, sequential_test)
 from ..tasks.kalman import (LN2, KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_kl_nats,
     gaussian_w2, window_filter)
 from .configs import load_windtunnel
@@ -334,7 +334,7 @@ def held_out_r2(x: np.ndarray, y: np.ndarray, folds: int, seed: int, groups=None
     return r2(y, pred)
 
 
-def belief_probe(x, targets: dict[str, Any], *, groups=None, strata=None, folds: int = 5, n_null: int = 200,
+def belief_probe(x, targets: dict[str, Any], *, groups=None, strata=None, folds: int = 5, n_null: int = 1000,
                  seed: int = 0) -> dict[str, dict[str, Any]]:
     """How much of each belief summary a layer's readings carry linearly: held-out R^2 of a cross-fitted ridge
     regression of each target (e.g. m_t components, ln det P_t) on ``x`` [N, dim], beside a permutation null.
@@ -342,9 +342,10 @@ def belief_probe(x, targets: dict[str, Any], *, groups=None, strata=None, folds:
     ``groups``: the sequence of each row (``kalman_readings``'s ``sequence`` column): folds hold whole sequences,
     so no step of a held-out sequence is fitted on its other steps. With ``strata`` (e.g. the step k) the same is
     also reported within stratum: x and target centred per stratum, null permuted within stratum, so a target that
-    moves with position is not credited to a position code. Null: 95% percentile interval of the held-out R^2 over
-    ``n_null`` permutations of the target (the permuted targets are fitted together with the real one, as extra
-    columns)."""
+    moves with position is not credited to a position code. Null: permutations of the target, drawn in batches
+    until the R²'s place against them is settled (``stats.sequential_test``, two-sided, ``n_null`` the cap;
+    permutation i is the same whatever the batches); ``null``: the 95% range of the draws used, ``test`` the
+    decision with its draws."""
     x = as_float64(x)
     rng = np.random.default_rng(seed)
     variants = {"raw": (x, None)}
@@ -357,7 +358,13 @@ def belief_probe(x, targets: dict[str, Any], *, groups=None, strata=None, folds:
         for variant, (xv, by) in variants.items():
             y = as_float64(target) if by is None else centre_within(as_float64(target), by)
             perms = permutations(len(y), n_null, rng, by)
-            scores = held_out_r2(xv, np.column_stack([y, *y[perms]]), folds, seed, groups)
-            res[variant] = dict(r2_held_out=float(scores[0]), null=interval(scores[1:]))
+            observed = float(held_out_r2(xv, y[:, None], folds, seed, groups)[0])
+            used = [0]
+
+            def draw(b, xv=xv, y=y, perms=perms, used=used):
+                used[0] += b
+                return held_out_r2(xv, y[perms[used[0] - b:used[0]]].T, folds, seed, groups)
+            test = sequential_test(draw, observed, cap=n_null, batch=min(BATCH, n_null))
+            res[variant] = dict(r2_held_out=observed, null=list(test.null), test=test.as_dict())
         out[name] = res
     return out
