@@ -175,6 +175,22 @@ def test_local_grid_writes_ordinary_run_folders_and_a_rerun_computes_nothing(loc
     assert set(table.model) == {str(tiny_dirs["llama3"]), str(tiny_dirs["pythia"])} and set(table.seed) == {0, 1}
 
 
+def test_cells_of_one_model_at_other_seeds_share_its_activation_sets(local_run):
+    """The local executor links the first seed's activation sets into the later seeds' run folders (the same files,
+    not new collections); that they change no number is shown by the Ray grid, which shares nothing, giving the same
+    numbers (test_killed_ray_worker_is_retried_and_the_grid_matches_the_local_run)."""
+    by_model = {}
+    for c in local_run.cells:
+        by_model.setdefault(c.cell.model, []).append(c.folder)
+    for first, later in by_model.values():
+        sets = sorted(p.relative_to(first) for p in first.glob("acts/*/*") if p.is_file())
+        assert sets, "the toy probes collect activation sets"
+        assert [os.stat(later / p).st_ino for p in sets] == [os.stat(first / p).st_ino for p in sets]
+    other = by_model[local_run.cells[0].cell.model][0]
+    assert not any(set(os.listdir(other / "acts")) & set(os.listdir(f / "acts"))
+                   for f in by_model[local_run.cells[-1].cell.model])  # nothing crosses models
+
+
 def test_a_multi_device_cell_loads_nothing_when_everything_is_cached(local_run, tmp_path):
     first = local_run.cells[0]
     out = run_cell(first.cell.config, str(tmp_path / "cell.log"), split=True)

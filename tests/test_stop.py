@@ -147,3 +147,24 @@ def test_a_stop_is_honoured_while_waiting_for_a_stage_lock(tmp_path):
                 pass
         timer.join()
     assert time.monotonic() - t < 5
+
+
+def test_a_stop_is_honoured_between_batches_of_a_sequential_null():
+    """Nulls and bootstraps are drawn in batches by stats.sequential; a stop asked while one is drawn ends it at the
+    next batch instead of at the cap (a decoding stage once ran on for a minute after SIGTERM)."""
+    import numpy as np
+
+    from interp_bayes.core.stop import Stopped, stop_on_signal
+    from interp_bayes.stats.sequential import sequential_test
+
+    batches = []
+
+    def draw(b):
+        batches.append(b)
+        if len(batches) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return np.random.default_rng(len(batches)).normal(size=b)
+
+    with stop_on_signal(), pytest.raises(Stopped):
+        sequential_test(draw, 1.645, cap=100_000)  # at p near alpha: undecided for many batches
+    assert len(batches) == 2

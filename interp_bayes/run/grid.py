@@ -5,7 +5,9 @@ and ``config`` (SweepConfig keys shared by every cell, ``out`` included). A cell
 and seed: its run folder and cache keys are those ``interp-bayes sweep`` gives the same settings, so a cell finished
 anywhere (in this process, on a cluster, by a colleague on the shared store) is never recomputed.
 
-Executors: ``local`` (the default) runs the cells one after another in this process and never imports Ray; ``ray``
+Executors: ``local`` (the default) runs the cells one after another in this process and never imports Ray (a cell
+starts with the activation sets of the earlier cells of its model linked in, so a grid over seeds runs each forward
+once: ``share_activations``); ``ray``
 submits one Ray task per cell to a local Ray cluster it starts, or to an existing one (``address``), with the CPUs,
 memory and GPUs the cell's model needs, retried when its worker dies (the retry reuses the stages already
 finished). Either way the driver shows one bar of cells, every cell appends its output to its own log
@@ -18,6 +20,7 @@ import argparse
 import contextlib
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from ..core.errors import ConfigError, GridError, InterpBayesError
 from ..core.stop import check_stop
-from ..core.store import checked_name, inside
+from ..core.store import MANIFEST, building, checked_name, inside
 
 EXECUTORS = ("local", "ray")
 GRID_KEYS = ("name", "models", "probes", "seeds", "config", "retries")
@@ -294,11 +297,36 @@ def _bar(total: int, quiet: bool):
     return progress_bar(total=total, desc="grid", unit="cell", disable=quiet, file=sys.stderr)
 
 
+def share_activations(sources: list[Path], target: Path) -> int:
+    """Link into ``target``'s ``acts/`` every sealed activation set of the run folders ``sources`` that it lacks;
+    returns how many. A set's name carries the content key of what determines it (model identity, dtype, token ids,
+    sites, version), never the seed of the draws, so cells of one model at several seeds collect each set once.
+    A sealed set is never written again, so hard links are safe (a copy where the folders are on two file systems);
+    the sweep still checks every file's digest when it loads one."""
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    linked = 0
+    for source in sources:
+        for found in sorted((source / "acts").glob(f"*/{MANIFEST}")):
+            final = target / "acts" / found.parent.name
+            if not final.exists():
+                with building(final) as tmp:
+                    shutil.copytree(found.parent, tmp, copy_function=link, dirs_exist_ok=True)
+                linked += 1
+    return linked
+
+
 def _run_local(cells: list[Cell], folders: list[Path], logs: list[Path], quiet: bool) -> list[CellResult]:
     results = []
     with _bar(len(cells), quiet) as bar:
-        for cell, folder, log in zip(cells, folders, logs):
+        for i, (cell, folder, log) in enumerate(zip(cells, folders, logs)):
             bar.set_postfix_str(cell.label)
+            same_model = [f for c, f in zip(cells[:i], folders) if (c.model, c.revision) == (cell.model, cell.revision)]
+            share_activations(same_model, folder)
             try:
                 out = run_cell(cell.config, str(log))
                 results.append(CellResult(cell, folder, log, out["computed"], out["seconds"], out["host"]))

@@ -47,6 +47,7 @@ import numpy as np
 from scipy import stats as sps
 
 from ..core.errors import ConfigError
+from ..core.stop import check_stop
 from .arrays import as_float64
 from .permutation import TIE_TOL
 from .resample import CI_LEVEL, interval
@@ -152,6 +153,7 @@ def _run(count: Callable[[int, np.ndarray | None], tuple[np.ndarray, np.ndarray]
         s_stop[:, newly], n_stop[newly] = s[:, newly], n[newly]
         if total >= cap or not (code == 0).any():
             break
+        check_stop()  # between batches of draws: a stop asked during a long null ends the stage here
         b = min(batch, cap - total)
         ds, dn = count(b, code == 0)
         s, n, total = s + ds, n + dn, total + b
