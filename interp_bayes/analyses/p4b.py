@@ -33,7 +33,6 @@ share (``manifold_report``), the number of clusters against a Gaussian null (``s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,17 +73,18 @@ def readout_sites(model) -> list[tuple[str, str, int]]:
 def load_tunnel(folder: Path, tasks: tuple[str, ...], what: str):
     """(config, task, model) of a trained wind-tunnel folder whose task is one of ``tasks`` and whose model has
     TransformerLens hook points (the residual stream is read through them); else one sentence naming the fix."""
-    from ..windtunnel.configs import TrainConfig, load_windtunnel, make_task
+    from ..windtunnel.tunnels import open_tunnel
 
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
+    tunnel = open_tunnel(folder)
+    cfg = tunnel.config
     if cfg.task not in tasks:
         names = " and ".join({"hmm": "HMM"}.get(t, t) for t in tasks)
         raise ConfigError(f"{what} is defined on the {names} tunnels; {folder} was trained on '{cfg.task}'.")
-    model, _ = load_windtunnel(folder)
+    model = tunnel.model
     if not hasattr(model, "hooks") or not hasattr(model, "cfg"):
         raise ConfigError(f"{folder} holds a {type(model).__name__} without TransformerLens hook points; {what} "
                           "reads the residual stream, so wrap the model in hook points (blocks.L.hook_resid_post).")
-    return cfg, make_task(cfg), model
+    return cfg, tunnel.task, model
 
 
 def residual_readings(model, batch, sites) -> dict[str, torch.Tensor]:

@@ -28,7 +28,6 @@ the same sequences, with a paired bootstrap interval over sequences.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,16 +115,14 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     against equal-dimension isotropic and variance-matched random subspaces (see the module docstring)."""
     from ..core.progress import progress_bar
 
-    from ..model.loading import load_model
-    from ..windtunnel.configs import TrainConfig, make_task
+    from ..windtunnel.tunnels import open_tunnel
 
     unknown = set(ops) - set(OPS)
     if unknown:
         raise ConfigError(f"Unknown subspace edit(s) {sorted(unknown)}; choose from {', '.join(OPS)}.")
     folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    task = make_task(cfg)
-    model = load_model(folder)
+    tunnel = open_tunnel(folder)
+    task, model = tunnel.task, tunnel.model
     layers = list(range(model.cfg.n_layers)) if layers is None else [layer_index(x, model.cfg.n_layers) for x in layers]
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H = task.hypothesis_ids, len(task.hypothesis_ids)
@@ -152,7 +149,7 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
         rows += got_rows
         summary += got_summary
     bar.close()
-    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, site=site, layers=layers,
+    meta = dict(folder=str(folder), task=task.name, task_kwargs=tunnel.config.task_kwargs, site=site, layers=layers,
                 ops=list(ops),
                 n_fit=n_fit, n_eval=n_eval, n_isotropic=n_isotropic, n_matched=n_matched, seed=seed,
                 base=dict(mae_bits=float(base_err.mean()), kl_bits=float(base_kl.mean())))

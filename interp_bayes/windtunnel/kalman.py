@@ -37,7 +37,7 @@ from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_withi
                      permutations, r2)
 from ..tasks.kalman import (LN2, KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_kl_nats,
     gaussian_w2, window_filter)
-from .configs import load_windtunnel
+from .tunnels import open_tunnel
 from .entry import TaskEntry
 
 WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
@@ -207,7 +207,8 @@ def evaluate_kalman(
     per_position, windows: {w: same metrics}, target: ``target_verdict``}} (windows shorter than the sequence
     only; none, and no target, without ``baselines``); lengths default to the training length."""
     if isinstance(model, (str, Path)):
-        model, cfg = load_windtunnel(model)
+        tunnel = open_tunnel(model)
+        model, cfg = tunnel.model, tunnel.config
         task = task or KalmanTask(**cfg.task_kwargs)
     if task is None:
         raise ConfigError("evaluate_kalman needs a KalmanTask when given a model rather than a trained folder.")
