@@ -18,6 +18,7 @@ into depends on the architecture (``TrainConfig.arch``):
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -136,3 +137,6 @@ def load_model(name_or_path: str | os.PathLike = DEFAULT_MODEL, **kwargs: Any):
         return load_llm(name_or_path, **kwargs)
     tunnel = open_tunnel(name_or_path)
     return boot(tunnel.folder, tunnel.config, **kwargs)
+
+
+load_model.__signature__ = inspect.signature(load_llm)  # help() and completion show the loader's keywords
