@@ -43,11 +43,10 @@ from ..core.errors import ConfigError
 from ..core.results import Row
 from ..model.collect import Activations, query_readings
 from ..model.edits import intervene
-from ..stats import as_float64, centre_within, covariate_basis
+from ..stats import as_float64, centre_within, covariate_basis, info
 from ..stats.clusters import cluster_alignment, cluster_count
 from ..stats.pca import pca
 from ..stats.ledger import FAILS, HOLDS, beyond_null, not_beyond_null
-from ..tasks.base import entropy_bits
 from ..windtunnel.discrete import restricted_log_probs
 from .axis import fit_direction
 from .decoding import decoding_curve
@@ -136,7 +135,7 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
     hyp, H, Q = task.hypothesis_ids, len(task.hypothesis_ids), len(fit.query_pos)
     n_layers = model.cfg.n_layers
     post_fit = fit.posterior.double().reshape(-1, H).numpy()
-    entropy = entropy_bits(torch.from_numpy(post_fit)).numpy()  # [n * Q] exact entropy, bits
+    entropy = info.entropy(torch.from_numpy(post_fit)).numpy()  # [n * Q] exact entropy, bits
     position = np.tile(np.arange(Q, dtype=np.float64), n_fit)  # the query index of each row
     groups = np.repeat(np.arange(n_fit), Q)
     by_position = covariate_basis({"position": position})
@@ -312,7 +311,7 @@ def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null:
     batch = task.sample(n, seed=[seed, 0])
     post = batch.posterior.double()  # [n, Q, H]
     Q, H = post.shape[1:]
-    entropy = entropy_bits(post.reshape(-1, H)).numpy()
+    entropy = info.entropy(post.reshape(-1, H)).numpy()
     position = np.tile(np.arange(Q, dtype=np.float64), n)
     groups = np.repeat(np.arange(n), Q)
     kw = dict(n_layers=model.cfg.n_layers, groups=groups, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed,

@@ -37,7 +37,7 @@ import torch
 
 from ..model.collect import query_readings
 from ..stats import fit_ridge, interval, p_value, percentile_of
-from ..stats.calibration import kl_bits
+from ..stats import info
 from ..core.errors import ConfigError
 from ..core.layers import layer_index
 from ..core.stop import check_stop
@@ -45,7 +45,7 @@ from ..stats import as_float64
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
 from .controls import isotropic_subspaces, matched_subspaces
-from ..tasks.base import TaskBatch, entropy_bits
+from ..tasks.base import TaskBatch
 from ..windtunnel.discrete import paired_margin, restricted_log_probs
 
 OPS = {"cut": SubspaceCut, "only": SubspaceOnly}
@@ -72,7 +72,7 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
     from .axis import fit_direction
 
     H = posterior.shape[1]
-    h_bayes = entropy_bits(torch.from_numpy(posterior)).numpy()
+    h_bayes = info.entropy(torch.from_numpy(posterior)).numpy()
     bases = {"entropy-axis": fit_direction(x_query, h_bayes, "ridge")[None]}
     probe = fit_ridge(x_query, posterior)
     bases["frame-belief"] = top_rows((probe.coef / probe.sd[:, None]).T, H - 1)  # raw-space readouts
@@ -87,8 +87,8 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
 def sequence_losses(logp: torch.Tensor, posterior: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per sequence and position: |H(model) - H(Bayes)| and KL(Bayes || model), bits, [n, Q] each."""
     logp = logp.detach()
-    err = (entropy_bits(logp.double().exp()) - entropy_bits(posterior.double())).abs().numpy()
-    return err, kl_bits(posterior, logp)
+    err = (info.entropy(logp.double().exp()) - info.entropy(posterior.double())).abs().numpy()
+    return err, info.kl_from_probs(posterior, logp)
 
 
 @dataclass

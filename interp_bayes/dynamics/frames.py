@@ -4,7 +4,6 @@ step at which each stays 90% of the way to its final value (``frame_precision_fr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +14,10 @@ import torch
 from ..core.errors import ConfigError
 from ..stats import as_float64, is_constant
 from ..stats.pca import mean_abs_offdiag_cos, pca, spearman
-from ..tasks.base import entropy_bits
+from ..stats import info
 
 from ..windtunnel.tunnels import is_tunnel, load_model, open_tunnel
-from .measures import cv_r2, entropy_nats, geometric_mean_interval, pc1_share
+from .measures import cv_r2, geometric_mean_interval, pc1_share
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
 PRECISION_METRICS = ("entropy_mae", "pc1_share", "entropy_r2", "low_entropy_separation")
@@ -55,8 +54,8 @@ def take_snapshot(model, batch, hypothesis_ids: Sequence[int]) -> Snapshot:
         patterns=[cache[f"blocks.{layer}.attn.hook_pattern"].double() for layer in range(n_layers)],
         layer0_keys=key_cache["blocks.0.attn.hook_k"][:, 0].double(),
         values=values.flatten(2).flatten(0, 1).double(),
-        model_entropy=(entropy_nats(log_p) / math.log(2)).flatten(),
-        bayes_entropy=entropy_bits(batch.posterior.double()).flatten(),
+        model_entropy=info.entropy_of_log_probs(log_p).flatten(),
+        bayes_entropy=info.entropy(batch.posterior.double()).flatten(),
         groups=np.repeat(np.arange(values.shape[0]), values.shape[1]),
     )
 
@@ -71,7 +70,7 @@ def attention_similarity(p: torch.Tensor, p_ref: torch.Tensor) -> float:
     m = 0.5 * (p + p_ref)
     m = m.clamp_min(1e-300)
     js = 0.5 * (torch.special.xlogy(p, p / m) + torch.special.xlogy(p_ref, p_ref / m))
-    return 1.0 - float(torch.sqrt((js.sum(-1) / math.log(2)).clamp(0, 1)).mean())
+    return 1.0 - float(torch.sqrt((js.sum(-1) / info.LN2).clamp(0, 1)).mean())
 
 
 def low_entropy_separation(values: torch.Tensor, bayes_entropy: torch.Tensor, quantile: float = 0.25) -> float:

@@ -93,10 +93,10 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
     """One prompt per (sequence, query position): the prefix ending at the query, so the final token is the one
     whose next-token belief the exact posterior describes. Returns token ids and task columns (k = query number,
     latent = the realised hypothesis, bayes_entropy in bits, sequence = the sequence's index)."""
-    from ..tasks.base import entropy_bits as posterior_entropy
+    from ..stats import info
 
     batch = task.sample(n_sequences, seed=seed)
-    h = posterior_entropy(batch.posterior.double())  # [n, Q]
+    h = info.entropy(batch.posterior.double())  # [n, Q]
     prompts, cols = [], dict(k=[], latent=[], bayes_entropy=[], sequence=[])
     for i in range(n_sequences):
         for q, pos in enumerate(batch.query_pos.tolist()):
@@ -165,7 +165,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     n = model.cfg.n_layers
     bayes, k = np.array(cols["bayes_entropy"]), np.array(cols["k"])
     columns = nuisance_columns([len(t) for t in prompts], position=k)
-    rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, groups=cols["k"]), dict(condition="windtunnel"))
+    rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, by=cols["k"]), dict(condition="windtunnel"))
     last = n - 1
     rep = manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, groups=acts.groups, n_boot=p.n_boot,
                           n_null=p.n_null, seed=ctx.config.seed)

@@ -9,7 +9,7 @@ import torch
 
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2
-from .calibration import kl_bits
+from .info import kl_from_probs
 
 FLOOR = 1e-3
 
@@ -54,5 +54,5 @@ def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffle
     out = dict(r2=r2(y, y_hat, pooled=True), r2_ci=interval(boot), n=int(len(y)),
                n_sequences=int(inverse.max()) + 1, dim=int(x.shape[1]), folds=folds,
                shuffled=dict(mean=float(np.mean(null)), range=interval(null), n=n_shuffles))
-    out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
+    out["kl_bits"] = float(kl_from_probs(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
     return out
