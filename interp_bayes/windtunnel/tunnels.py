@@ -40,14 +40,21 @@ def checkpoint_folder(name: str | os.PathLike) -> Path:
     return PACKAGED / name if isinstance(name, str) and (PACKAGED / name).is_dir() else Path(name)
 
 
-def tunnel_config(folder: str | os.PathLike) -> dict | None:
-    """The training config a wind-tunnel folder was saved with (its windtunnel.json's ``config``), None when the
-    folder holds none (no file, unreadable, or no task named)."""
+def read_meta(folder: str | os.PathLike) -> dict | None:
+    """A wind-tunnel folder's windtunnel.json (its ``config`` naming a task), None when the folder holds none (no
+    file, unreadable, or no task named): the one reader of that file."""
     try:
-        config = read_json(Path(folder) / "windtunnel.json")["config"]
-    except (OSError, CacheError, KeyError, TypeError):
+        meta = read_json(Path(folder) / "windtunnel.json")
+    except (OSError, CacheError):
         return None
-    return config if isinstance(config, dict) and isinstance(config.get("task"), str) else None
+    config = meta.get("config") if isinstance(meta, dict) else None
+    return meta if isinstance(config, dict) and isinstance(config.get("task"), str) else None
+
+
+def tunnel_config(folder: str | os.PathLike) -> dict | None:
+    """The training config a wind-tunnel folder was saved with (as saved: a dict), None when it holds none."""
+    meta = read_meta(folder)
+    return None if meta is None else meta["config"]
 
 
 def is_tunnel(name_or_folder: str | os.PathLike) -> bool:
@@ -90,12 +97,12 @@ def open_tunnel(name_or_folder: str | os.PathLike) -> Tunnel:
     """The wind tunnel of a packaged checkpoint's name (``ls interp_bayes/windtunnel/checkpoints``) or of a folder
     written by ``interp-bayes train``; ConfigError naming the fix when it holds none."""
     folder = checkpoint_folder(name_or_folder)
-    if tunnel_config(folder) is None:
+    meta = read_meta(folder)
+    if meta is None:
         packaged = ", ".join(d.name for d in sorted(PACKAGED.iterdir()) if d.is_dir())
         raise ConfigError(f"{os.fspath(name_or_folder)!r} is no wind-tunnel checkpoint (no readable windtunnel.json "
                           f"in {folder}); name a packaged one ({packaged}) or a folder written by "
                           "`interp-bayes train`.")
-    meta = read_json(folder / "windtunnel.json")
     return Tunnel(folder, TrainConfig.from_dict(meta.pop("config")), meta)
 
 
