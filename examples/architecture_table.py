@@ -23,7 +23,7 @@ import torch
 
 from interp_bayes.core.checks import count_arg, out_folder_arg
 from interp_bayes.core.store import atomic_write_text
-from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
+from interp_bayes.windtunnel.tunnels import PACKAGED
 from interp_bayes.windtunnel.configs import ARCHS, TrainConfig
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(f) for f in args.checkpoints if not (f / "windtunnel.json").is_file()]
     if missing:
         parser.error(f"{', '.join(missing)}: no windtunnel.json; pass folders written by `interp-bayes train`.")
-    committed = sorted(p for p in WINDTUNNELS_DIR.iterdir() if (p / "windtunnel.json").exists()) if args.committed else []
+    committed = sorted(p for p in PACKAGED.iterdir() if (p / "windtunnel.json").exists()) if args.committed else []
     folders = committed + list(args.checkpoints)
     rows = [score(f, args.n) for f in folders if tunnel_of(TrainConfig.from_dict(
         json.loads((f / "windtunnel.json").read_text())["config"])) in TUNNELS]

@@ -20,7 +20,7 @@ import torch
 from interp_bayes.analyses.p4b import tunnel_geometry
 from interp_bayes.core.checks import count_arg, out_folder_arg, seed_arg
 from interp_bayes.core.store import atomic_write_text
-from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR, checkpoint_folder
+from interp_bayes.windtunnel.tunnels import PACKAGED, checkpoint_folder
 
 # Paper I v3's geometry (issue 27): PC1 share of the final layer, entropy R², clusters
 PAPER = {"mamba": "PC1 21.9%, 5 clusters (one per HMM state), entropy R² 0.40 at layer 9",
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = [name for name in args.checkpoints if not (checkpoint_folder(name) / "windtunnel.json").is_file()]
         if missing:
             ap.error(f"{', '.join(missing)}: not a trained wind-tunnel folder (no windtunnel.json); pass a checkpoint "
-                     f"name under {WINDTUNNELS_DIR} or a folder path.")
+                     f"name under {PACKAGED} or a folder path.")
         torch.set_num_threads(args.threads)
         for name in args.checkpoints:
             t0 = time.perf_counter()

@@ -22,7 +22,7 @@ import torch
 from interp_bayes.analyses.p4b import P4bResult, ablation_verdicts, answer, cost_tolerance, decoding_verdict, p4b
 from interp_bayes.core.checks import count_arg, out_folder_arg, seed_arg
 from interp_bayes.core.errors import ConfigError
-from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR, checkpoint_folder
+from interp_bayes.windtunnel.tunnels import PACKAGED, checkpoint_folder
 from interp_bayes.tasks.bijection import BijectionTask
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = checkpoint_folder(name)
         if not (folder / "windtunnel.json").is_file():
             print(f"{name} is not a trained wind-tunnel folder (no windtunnel.json); pass a checkpoint name under "
-                  f"{WINDTUNNELS_DIR} or a folder path.", file=sys.stderr)
+                  f"{PACKAGED} or a folder path.", file=sys.stderr)
             return 2
         start = time.time()
         try:

@@ -21,7 +21,7 @@ import torch
 from interp_bayes.analyses.belief import windtunnel_belief_probes
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.analyses.subspaces import subspace_ablation
-from interp_bayes.kinds.windtunnel import checkpoint_folder
+from interp_bayes.windtunnel.tunnels import checkpoint_folder
 
 METRICS = ("per_sample_entropy_mae_bits", "mean_curve_entropy_mae_bits", "kl_bits")
 

@@ -34,8 +34,8 @@ _EXPORTS = {
     "model.collect": ["Activations", "collect", "logit_entropy_bits", "query_readings"],
     "model.edits": ["AxisCut", "AxisOnly", "AxisSet", "AxisShift", "SubspaceCut", "SubspaceOnly", "intervene",
                     "onmanifold_op"],
-    "model.loading": ["ModelInfo", "ModelSpec", "checkpoint_tokenizer", "list_models", "load_model",
-                      "model_identity", "model_info"],
+    "model.loading": ["ModelInfo", "ModelSpec", "checkpoint_tokenizer", "list_models", "model_identity",
+                      "model_info"],
     "model.native": ["run_native_when_unobserved"],
     "report.grid": ["build_grid_page"],
     "report.html": ["Report", "build_compare", "build_report"],
@@ -56,6 +56,7 @@ _EXPORTS = {
     "windtunnel.evaluate": ["evaluate_windtunnel"],
     "windtunnel.kalman": ["continuous_inputs", "evaluate_kalman", "kalman_readings"],
     "windtunnel.train": ["train_windtunnel"],
+    "windtunnel.tunnels": ["Tunnel", "load_model", "open_tunnel"],  # load_model: an LLM or a tunnel of any arch
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

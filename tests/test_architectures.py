@@ -14,11 +14,11 @@ from torch import nn
 
 import interp_bayes as ib
 from interp_bayes.cli import main
-from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
 from interp_bayes.windtunnel.archs import ContextMLP, LSTMWindtunnel, MLPBaseline
-from interp_bayes.windtunnel.configs import (MAMBA_CHUNK, PRESETS, build_model, build_transformer, load_windtunnel,
+from interp_bayes.windtunnel.configs import (MAMBA_CHUNK, PRESETS, build_model, build_transformer,
                                              make_config, make_task, n_params)
 from interp_bayes.windtunnel.train import save_folder
+from interp_bayes.windtunnel.tunnels import open_tunnel
 
 # float32 with a few hundred rounded operations per output at these sizes (each within 2**-24 relative): 1e-5
 # relative leaves two orders of magnitude of room, and a wrong layer or position differs at O(1e-2) or more
@@ -66,7 +66,7 @@ def test_mamba_hook_points_equal_hf_hidden_states(tmp_path):
     hf, cfg, task = tiny("mamba")
     assert type(hf).__name__ == "Mamba2ForCausalLM"
     save_folder(hf, cfg, task, tmp_path, {})
-    bridge, _ = load_windtunnel(tmp_path)
+    bridge = ib.load_model(tmp_path)
     ids = ids_for(task)
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)  # hidden_states[L]: the output of layer L; the last: after norm_f
@@ -119,7 +119,8 @@ def test_context_mlp_hook_points_equal_a_per_position_loop():
 
 
 def test_mlp_baseline_hook_points_and_the_committed_checkpoint():
-    model, cfg = load_windtunnel(WINDTUNNELS_DIR / "bijection-cpu-mlp")
+    tunnel = open_tunnel("bijection-cpu-mlp")
+    model, cfg = tunnel.model, tunnel.config
     task = make_task(cfg)
     ids = ids_for(task)
     with torch.no_grad():
@@ -148,7 +149,7 @@ def module_site(arch: str, model: nn.Module, site: str) -> tuple[nn.Module, str]
 def test_an_edit_at_a_hook_point_equals_the_same_edit_of_the_module(tmp_path, arch, site):
     model, cfg, task = tiny(arch)
     save_folder(model, cfg, task, tmp_path, {})
-    hooked, _ = load_windtunnel(tmp_path)  # the bridge for Mamba; the same class for the others
+    hooked = ib.load_model(tmp_path)  # the bridge for Mamba; the same class for the others
     ids = ids_for(task)
     d = hooked.cfg.d_model
     op = ib.SubspaceCut(torch.randn(2, d, generator=torch.Generator().manual_seed(1)))
@@ -176,7 +177,8 @@ def test_an_edit_at_a_hook_point_equals_the_same_edit_of_the_module(tmp_path, ar
 def test_folder_round_trip_and_collect(tmp_path, arch):
     model, cfg, task = tiny(arch)
     save_folder(model, cfg, task, tmp_path, {})
-    loaded, cfg2 = load_windtunnel(tmp_path)
+    tunnel = open_tunnel(tmp_path)
+    loaded, cfg2 = tunnel.model, tunnel.config
     assert cfg2 == cfg
     ids = ids_for(task)
     with torch.no_grad():
@@ -222,7 +224,7 @@ def test_train_cli_end_to_end(tmp_path, arch):
                  "--quiet", "--threads", "1"]) == 0
     meta = json.loads((out / "windtunnel.json").read_text())
     assert meta["config"]["arch"] == arch and meta["eval"]
-    model, cfg = load_windtunnel(out)
+    model = ib.load_model(out)
     assert n_params(model) == meta["n_params"]
 
 

@@ -290,7 +290,7 @@ def test_dissociation_and_ratio_interval():
 def test_checkpoint_series_reads_a_windtunnel_run(tmp_path):
     for step in (50, 100):
         (tmp_path / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
-    (tmp_path / "windtunnel.json").write_text(json.dumps({"config": {"steps": 400}}))
+    (tmp_path / "windtunnel.json").write_text(json.dumps({"config": {"task": "bijection", "steps": 400}}))
     assert dy.checkpoint_series(tmp_path) == [(50, tmp_path / "checkpoints" / "step_000050"),
                                               (100, tmp_path / "checkpoints" / "step_000100"), (400, tmp_path)]
     with pytest.raises(ValueError, match="fewer than two"):

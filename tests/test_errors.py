@@ -132,11 +132,10 @@ def test_gguf_path_is_explained(tmp_path):
 
 
 def test_evaluate_windtunnel_takes_a_task_name():
-    from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
-    from interp_bayes.windtunnel.configs import load_windtunnel
     from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
+    from interp_bayes.windtunnel.tunnels import open_tunnel
 
-    model, _ = load_windtunnel(WINDTUNNELS_DIR / "bijection-cpu")
+    model = open_tunnel("bijection-cpu").model
     out = evaluate_windtunnel(model, "bijection", n=50)
     assert out[20]["per_sample_entropy_mae_bits"] < 0.05
     with pytest.raises(InterpBayesError, match="known tasks: bijection, hmm"):

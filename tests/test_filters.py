@@ -19,7 +19,7 @@ from interp_bayes.tasks.filters import (
     window_posterior,
 )
 from interp_bayes.tasks.hmm import HMMTask, mixing_times
-from interp_bayes.stats.calibration import kl_bits
+from interp_bayes.stats.info import kl_from_probs as kl_bits
 from interp_bayes.windtunnel.discrete import compare_with_baselines, paired_margin
 
 torch.set_num_threads(1)

@@ -170,7 +170,7 @@ def test_calibration_is_zero_for_the_exact_predictor_and_at_its_null_for_a_shuff
 def test_normal_kl_matches_torch():
     import torch
 
-    from interp_bayes.analyses.gaussian import normal_kl_bits
+    from interp_bayes.stats.info import normal_kl as normal_kl_bits
 
     m0, s0, m1, s1 = np.array([0.0, 1.5]), np.array([1.0, 0.3]), np.array([0.4, -1.0]), np.array([2.0, 0.5])
     ref = torch.distributions.kl_divergence(torch.distributions.Normal(torch.tensor(m0), torch.tensor(s0)),

@@ -133,7 +133,7 @@ def test_a_tunnel_retrained_in_place_is_computed_again(tiny_dirs, tmp_path, caps
     import yaml
     from safetensors.torch import load_file, save_file
 
-    from interp_bayes.kinds.windtunnel import checkpoint_folder
+    from interp_bayes.windtunnel.tunnels import checkpoint_folder
 
     tunnel = tmp_path / "tunnel"
     shutil.copytree(checkpoint_folder("bijection-cpu"), tunnel, ignore=shutil.ignore_patterns("checkpoints"))

@@ -231,10 +231,10 @@ def test_model_predictor_matches_the_wind_tunnel_evaluation():
     import torch
 
     from interp_bayes.model.loading import load_model
-    from interp_bayes.kinds.windtunnel import WINDTUNNELS_DIR
+    from interp_bayes.windtunnel.tunnels import PACKAGED
     from interp_bayes.windtunnel.discrete import restricted_log_probs
 
-    model = load_model(WINDTUNNELS_DIR / "bijection-cpu")
+    model = load_model(PACKAGED / "bijection-cpu")
     task = BijectionTask()
     setup = bijection_setup(task)
     batch = task.sample(3, seed=11)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interp_bayes.tasks.base import entropy_bits
+from interp_bayes.stats.info import entropy as entropy_bits
 from interp_bayes.tasks.bijection import BijectionTask
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.tasks.hmm import MIN_CENTS, HMMTask, discretize_rows, hmm_filter, split_cents

@@ -11,13 +11,14 @@ from transformers import AutoModelForCausalLM
 
 from interp_bayes.model.loading import load_model
 from interp_bayes.tasks.bijection import BijectionTask
-from interp_bayes.windtunnel.configs import (PRESETS, TASKS, build_mlp, build_model, build_transformer, load_windtunnel,
+from interp_bayes.windtunnel.configs import (PRESETS, TASKS, build_mlp, build_model, build_transformer,
     make_config, make_task, n_params)
 from interp_bayes.windtunnel.discrete import BIJECTION, restricted_log_probs
 from interp_bayes.windtunnel.entry import TaskEntry
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.windtunnel.table import TASK_TABLE, task_entry
 from interp_bayes.windtunnel.tokenizer import build_tokenizer
+from interp_bayes.windtunnel.tunnels import open_tunnel
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.windtunnel.configs import curriculum_tasks
 from interp_bayes.windtunnel.train import (
@@ -228,7 +229,8 @@ def test_task_curriculum_moves_between_hmm_families_with_one_vocabulary():
 def test_cli_trains_the_mlp_baseline(tmp_path):
     argv = ["hmm", "--preset", "tiny", "--arch", "mlp", "--steps", "3", "--out", str(tmp_path), "--quiet"]
     assert train_main(argv) == 0
-    model, cfg = load_windtunnel(tmp_path)
+    tunnel = open_tunnel(tmp_path)
+    model, cfg = tunnel.model, tunnel.config
     assert cfg.arch == "mlp" and cfg.steps == 3
     res = evaluate_windtunnel(model, make_task(cfg), n=16, lengths=[4, 8])
     assert set(res) == {4, 8} and all(r["kl_bits"] > 0 for r in res.values())

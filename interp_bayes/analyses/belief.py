@@ -21,7 +21,6 @@ only the shortcut, that part would not be readable (R² near 0).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,15 +68,15 @@ class BeliefProbeResult:
 
 def untrained_like(folder: str | Path, tmp: str | Path, *, seed: int = 0):
     """A bridge of ``folder``'s architecture with a fresh initialisation (``seed``), saved under ``tmp``."""
-    from ..model.loading import load_model
-    from ..windtunnel.configs import TrainConfig, build_transformer, make_task
+    from ..windtunnel.configs import build_transformer
     from ..windtunnel.train import save_folder
+    from ..windtunnel.tunnels import open_tunnel
 
-    cfg = TrainConfig.from_dict(json.loads((Path(folder) / "windtunnel.json").read_text())["config"])
+    trained = open_tunnel(folder)
     torch.manual_seed(seed)
-    hf = build_transformer(cfg, make_task(cfg)).eval()
-    save_folder(hf, cfg, make_task(cfg), Path(tmp), {"step": 0, "untrained_seed": seed})
-    return load_model(tmp)
+    hf = build_transformer(trained.config, trained.task).eval()
+    save_folder(hf, trained.config, trained.task, Path(tmp), {"step": 0, "untrained_seed": seed})
+    return open_tunnel(tmp).model
 
 
 def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, length: int | None = None,
@@ -90,13 +89,12 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
     ``window-m`` and ``exact-minus-window-m`` (R² only). Every row carries the shuffled null (drawn until settled,
     ``n_shuffles`` the cap) with its ``decision``, ``p`` and ``draws``.
     """
-    from ..model.loading import load_model
     from ..tasks.filters import window_posterior
-    from ..windtunnel.configs import TrainConfig, make_task
+    from ..windtunnel.tunnels import open_tunnel
 
     folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    task = make_task(cfg)
+    tunnel = open_tunnel(folder)
+    task = tunnel.task
     batch = task.sample(n_sequences, seed=seed, length=length)
     H = len(task.hypothesis_ids)
     exact = batch.posterior.double().reshape(-1, H).numpy()  # [n * Q, H], sequence-major like query_readings
@@ -120,11 +118,11 @@ def windtunnel_belief_probes(folder: str | Path, *, n_sequences: int = 400, leng
                                      dim=r["dim"], decision=r["shuffled"]["test"]["decision"],
                                      p=r["shuffled"]["test"]["p"], draws=r["shuffled"]["n"]))
 
-    probe_all(load_model(folder), "trained", targets)
+    probe_all(tunnel.model, "trained", targets)
     if untrained:
         with tempfile.TemporaryDirectory() as tmp:
-            probe_all(untrained_like(folder, tmp, seed=cfg.seed), "untrained", targets)
-    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, n_sequences=n_sequences,
+            probe_all(untrained_like(folder, tmp, seed=tunnel.config.seed), "untrained", targets)
+    meta = dict(folder=str(folder), task=task.name, task_kwargs=tunnel.config.task_kwargs, n_sequences=n_sequences,
                 length=length or (task.n_pairs if task.name == "bijection" else task.n_steps), window=window,
                 folds=folds, n_shuffles=n_shuffles, n_boot=n_boot, seed=seed, floor=FLOOR)
     return BeliefProbeResult(rows, meta)

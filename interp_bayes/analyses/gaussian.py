@@ -25,11 +25,10 @@ import numpy as np
 
 from ..stats import (as_float64, bootstrap_means, bootstrap_pearson, interval, permutations, sequential_test,
     sequential_tests)
-from ..stats.calibration import kl_bits
+from ..stats.info import kl_from_probs, normal_kl
 from ..stats.pca import participation_ratio, standardise, thin_svd
 from ..stats.sequential import BATCH
 
-LN2 = float(np.log(2.0))
 SHARES = (0.9, 0.95)  # variance shares whose PCA dimension is reported
 
 
@@ -46,16 +45,10 @@ def predictive_calibration(model_logprobs, exact, support, *, groups, strata, n_
     lp, p, x = as_float64(model_logprobs), as_float64(exact), as_float64(support)
     m_mean, m_sd = _moments(np.exp(lp), x)
     e_mean, e_sd = _moments(p, x)
-    return calibration_table(kl_bits(p, lp), lambda perm: kl_bits(p, lp[perm]),
+    return calibration_table(kl_from_probs(p, lp), lambda perm: kl_from_probs(p, lp[perm]),
                              dict(mean=(m_mean, e_mean), sd=(m_sd, e_sd)), groups=groups, strata=strata,
-                             reference=kl_bits(p, np.full_like(p, -np.log(p.shape[1]))), n_boot=n_boot,
+                             reference=kl_from_probs(p, np.full_like(p, -np.log(p.shape[1]))), n_boot=n_boot,
                              n_null=n_null, seed=seed)
-
-
-def normal_kl_bits(mean0, sd0, mean1, sd1) -> np.ndarray:
-    """KL(N(mean0, sd0^2) || N(mean1, sd1^2)) in bits, elementwise."""
-    mean0, sd0, mean1, sd1 = (as_float64(a) for a in (mean0, sd0, mean1, sd1))
-    return (np.log(sd1 / sd0) + (sd0**2 + (mean0 - mean1) ** 2) / (2 * sd1**2) - 0.5) / LN2
 
 
 def normal_calibration(model_mean, model_sd, exact_mean, exact_sd, *, groups, strata, n_boot: int = 1000,
@@ -63,7 +56,7 @@ def normal_calibration(model_mean, model_sd, exact_mean, exact_sd, *, groups, st
     """``calibration_table`` of one-dimensional Gaussian beliefs (the Kalman tunnel's head against the exact
     filter); the reference is the exact belief of another row of the same stratum (the null's mean)."""
     mm, ms, em, es = (as_float64(a) for a in (model_mean, model_sd, exact_mean, exact_sd))
-    return calibration_table(normal_kl_bits(em, es, mm, ms), lambda perm: normal_kl_bits(em, es, mm[perm], ms[perm]),
+    return calibration_table(normal_kl(em, es, mm, ms), lambda perm: normal_kl(em, es, mm[perm], ms[perm]),
                              dict(mean=(mm, em), sd=(ms, es)), groups=groups, strata=strata, reference=None,
                              n_boot=n_boot, n_null=n_null, seed=seed)
 

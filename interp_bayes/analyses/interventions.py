@@ -123,7 +123,7 @@ def calibration_measures(entropy: np.ndarray, label_logprobs: np.ndarray, task: 
     Bayes entropy and label accuracy for k >= 1."""
     from ..stats.calibration import compare_to_bayes
 
-    cmp = compare_to_bayes(entropy, task["bayes_entropy"], groups=task["k"], predicted=label_logprobs.argmax(-1),
+    cmp = compare_to_bayes(entropy, task["bayes_entropy"], by=task["k"], predicted=label_logprobs.argmax(-1),
                            latent=task["latent"])
     pos = cmp["k_ge_1"]
     out = dict(mae=cmp["all"]["mae"], mae_k_ge_1=pos["mae"], corr_bayes=pos["corr_with_bayes"]["pearson"],

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
-from ..stats import as_float64, bootstrap_means, fit_ridge, interval
+from ..stats import as_float64, bootstrap_means, fit_ridge, info, interval
 
 # a readout: (edited states [n, d], their rows [n] into the state table) -> dict with "spread" [n] and "mean" [n]
 # or [n, m], optionally "kl" [n] (bits: the side effect on the other tokens)
@@ -267,7 +267,7 @@ def token_readout(model, prompts: list, layer: int, summarize: Callable[[torch.T
                 base_cache[i] = run(i, None)
             lp = run(i, torch.tensor(state, dtype=torch.float32))
             a, b = bucketed(lp), bucketed(base_cache[i])
-            kls.append(float((a.exp() * (a - b)).sum() / np.log(2)))
+            kls.append(float(info.kl(a, b)))
             lps.append(lp)
         mean, spread = summarize(torch.stack(lps))
         return dict(mean=as_float64(mean), spread=as_float64(spread), kl=np.array(kls))

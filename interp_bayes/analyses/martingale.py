@@ -62,7 +62,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ..stats.calibration import kl_bits
+from ..stats import info
 from ..stats import bootstrap_mean_draws, interval, sequential_test
 from ..core.results import Row
 
@@ -180,11 +180,6 @@ def model_predictor(model, setup: ExchangeableTask, *, batch_size: int | None = 
     return predict
 
 
-def _entropy_bits(p: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return -np.where(p > 0, p * np.log2(p), 0.0).sum(-1)
-
-
 def _orders(k: int, n_perms: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
     """The identity and up to ``n_perms - 1`` other distinct orders of k items (all of them when there are few)."""
     if math.factorial(k) <= n_perms:
@@ -208,7 +203,7 @@ def order_sensitivity(predict: Predictor, contexts: Sequence[Context], *, n_perm
         p = preds[start:start + len(os)]
         start += len(os)
         mean = p.mean(0)
-        js[i] = max(0.0, _entropy_bits(mean) - _entropy_bits(p).mean())  # >= 0; a negative value is rounding
+        js[i] = max(0.0, info.entropy(mean) - info.entropy(p).mean())  # >= 0; a negative value is rounding
         sd[i] = p[:, mean.argmax()].std()
     return dict(js_bits=js, top_sd=sd, n_orders=np.array([len(os) for os in orders]))
 
@@ -252,7 +247,7 @@ def order_averaged(predict: Predictor, n_orders: int, *, seed: int = 0) -> Predi
 def _kl_bits(m: np.ndarray, p: np.ndarray) -> np.ndarray:
     """KL(m || p) per row in bits, >= 0 (a negative value is rounding)."""
     with np.errstate(divide="ignore"):  # p = 0 where m > 0: an infinite KL, as it should be
-        return np.maximum(kl_bits(m, np.log(p)), 0.0)
+        return np.maximum(info.kl_from_probs(m, np.log(p)), 0.0)
 
 
 def _gap_stats(m: np.ndarray, m0: np.ndarray, p: np.ndarray) -> dict[str, np.ndarray]:
@@ -277,7 +272,7 @@ def debiased_gap_bits(next_draws: np.ndarray, same_draws: np.ndarray, today: np.
         return np.full(len(d), np.nan)
     w = np.where(today > 0, 1.0 / np.where(today > 0, today, 1.0), 0.0)[:, None, :]
     pairs = (d.sum(1, keepdims=True) ** 2 * w).sum((1, 2)) - (d**2 * w).sum((1, 2))  # sum over j != l of <d_j, d_l>
-    return pairs / (D * (D - 1)) / (2 * math.log(2))
+    return pairs / (D * (D - 1)) / (2 * info.LN2)
 
 
 def martingale_gap(predict: Predictor, contexts: Sequence[Context], setup: ExchangeableTask, *, n_draws: int = 4,

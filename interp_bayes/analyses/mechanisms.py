@@ -27,8 +27,9 @@ from ..core.results import Row
 from ..model.hooks import act_name
 from ..stats.pca import correlations
 from ..stats import as_float64, interval, percentile_of, sequential_test
+from ..stats.info import entropy_of_log_probs, kl
 from ..stats.sequential import BATCH
-from .neurons import LN2, ablation_hook, final_norm_run
+from .neurons import ablation_hook, final_norm_run
 from .unembedding import NullSpace, unembedding_null_space
 
 
@@ -120,11 +121,11 @@ def _measure(acts, base, task) -> dict:
     from .interventions import calibration_measures
 
     lp, base_lp = acts.logprobs.double(), base.logprobs.double()
-    full = -(lp.exp() * lp).sum(-1) / LN2
-    base_full = -(base_lp.exp() * base_lp).sum(-1) / LN2
+    full = entropy_of_log_probs(lp)
+    base_full = entropy_of_log_probs(base_lp)
     out = dict(d_entropy=float((acts.entropy.double() - base.entropy.double()).mean()),
                d_full_entropy=float((full - base_full).mean()),
-               kl_bits=float(((lp.exp() * (lp - base_lp)).sum(-1) / LN2).mean()))
+               kl_bits=float(kl(lp, base_lp).mean()))
     if task is not None:
         now = calibration_measures(as_float64(acts.entropy), acts.label_logprobs.numpy(), task)
         ref = calibration_measures(as_float64(base.entropy), base.label_logprobs.numpy(), task)

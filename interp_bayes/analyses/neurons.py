@@ -20,7 +20,6 @@ share through the norm 1 - |direct| / |total| of it.
 
 from __future__ import annotations
 
-import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,9 +34,9 @@ from ..core.stop import check_stop
 from ..core.results import Row
 from ..model.hooks import act_name, module_input
 from ..stats import as_float64, bootstrap_ratio, interval, percentile_of
+from ..stats.info import LN2, entropy_of_log_probs
 from .unembedding import NullSpace, PostNorm, neuron_scores, post_mlp_norm, unembedding_null_space
 
-LN2 = math.log(2.0)
 TOKENS_PER_BATCH = 512  # full-vocabulary logits at every position: keep batches small
 _NATIVE_EDIT = "A forward hook edited hook_scale"  # TransformerLens warns when an RMSNorm scale hook edits
 PATHS = dict(head="rank-one head", post="head through the post-MLP norm", full="full passes")
@@ -61,14 +60,14 @@ def _quiet_scale_edits():
 def _label_entropy(label_logprobs: torch.Tensor) -> float:
     """Entropy in bits (float64) of one prompt's renormalised label log-probabilities."""
     lp = label_logprobs.double()
-    return float(-(lp.exp() * lp).sum() / LN2)
+    return float(entropy_of_log_probs(lp))
 
 
 def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[str, torch.Tensor]:
     """Per position: entropy (bits) and next-token loss (bits, positions with a next token); the final position's
     label log-probabilities renormalised over ``label_tokens``."""
     logp = _log_probs(logits)  # [batch, pos, vocab]
-    out = dict(entropy=-(logp.exp() * logp).sum(-1) / LN2,
+    out = dict(entropy=entropy_of_log_probs(logp),
                loss=-logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0] / LN2)
     if label_tokens is not None:
         out["label_logprobs"] = torch.log_softmax(logp[:, -1, label_tokens], dim=-1)

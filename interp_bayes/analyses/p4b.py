@@ -33,7 +33,6 @@ share (``manifold_report``), the number of clusters against a Gaussian null (``s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,11 +43,10 @@ from ..core.errors import ConfigError
 from ..core.results import Row
 from ..model.collect import Activations, query_readings
 from ..model.edits import intervene
-from ..stats import as_float64, centre_within, covariate_basis
+from ..stats import as_float64, centre_within, covariate_basis, info
 from ..stats.clusters import cluster_alignment, cluster_count
 from ..stats.pca import pca
 from ..stats.ledger import FAILS, HOLDS, beyond_null, not_beyond_null
-from ..tasks.base import entropy_bits
 from ..windtunnel.discrete import restricted_log_probs
 from .axis import fit_direction
 from .decoding import decoding_curve
@@ -74,17 +72,18 @@ def readout_sites(model) -> list[tuple[str, str, int]]:
 def load_tunnel(folder: Path, tasks: tuple[str, ...], what: str):
     """(config, task, model) of a trained wind-tunnel folder whose task is one of ``tasks`` and whose model has
     TransformerLens hook points (the residual stream is read through them); else one sentence naming the fix."""
-    from ..windtunnel.configs import TrainConfig, load_windtunnel, make_task
+    from ..windtunnel.tunnels import open_tunnel
 
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
+    tunnel = open_tunnel(folder)
+    cfg = tunnel.config
     if cfg.task not in tasks:
         names = " and ".join({"hmm": "HMM"}.get(t, t) for t in tasks)
         raise ConfigError(f"{what} is defined on the {names} tunnels; {folder} was trained on '{cfg.task}'.")
-    model, _ = load_windtunnel(folder)
+    model = tunnel.model
     if not hasattr(model, "hooks") or not hasattr(model, "cfg"):
         raise ConfigError(f"{folder} holds a {type(model).__name__} without TransformerLens hook points; {what} "
                           "reads the residual stream, so wrap the model in hook points (blocks.L.hook_resid_post).")
-    return cfg, make_task(cfg), model
+    return cfg, tunnel.task, model
 
 
 def residual_readings(model, batch, sites) -> dict[str, torch.Tensor]:
@@ -136,7 +135,7 @@ def p4b(folder: str | Path, *, n_fit: int = 400, n_eval: int = 300, n_controls: 
     hyp, H, Q = task.hypothesis_ids, len(task.hypothesis_ids), len(fit.query_pos)
     n_layers = model.cfg.n_layers
     post_fit = fit.posterior.double().reshape(-1, H).numpy()
-    entropy = entropy_bits(torch.from_numpy(post_fit)).numpy()  # [n * Q] exact entropy, bits
+    entropy = info.entropy(torch.from_numpy(post_fit)).numpy()  # [n * Q] exact entropy, bits
     position = np.tile(np.arange(Q, dtype=np.float64), n_fit)  # the query index of each row
     groups = np.repeat(np.arange(n_fit), Q)
     by_position = covariate_basis({"position": position})
@@ -312,7 +311,7 @@ def tunnel_geometry(folder: str | Path, *, n: int = 300, folds: int = 5, n_null:
     batch = task.sample(n, seed=[seed, 0])
     post = batch.posterior.double()  # [n, Q, H]
     Q, H = post.shape[1:]
-    entropy = entropy_bits(post.reshape(-1, H)).numpy()
+    entropy = info.entropy(post.reshape(-1, H)).numpy()
     position = np.tile(np.arange(Q, dtype=np.float64), n)
     groups = np.repeat(np.arange(n), Q)
     kw = dict(n_layers=model.cfg.n_layers, groups=groups, folds=folds, n_null=n_null, n_boot=n_boot, seed=seed,

@@ -28,7 +28,6 @@ the same sequences, with a paired bootstrap interval over sequences.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import torch
 
 from ..model.collect import query_readings
 from ..stats import fit_ridge, interval, p_value, percentile_of
-from ..stats.calibration import kl_bits
+from ..stats import info
 from ..core.errors import ConfigError
 from ..core.layers import layer_index
 from ..core.stop import check_stop
@@ -46,7 +45,7 @@ from ..stats import as_float64
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
 from .controls import isotropic_subspaces, matched_subspaces
-from ..tasks.base import TaskBatch, entropy_bits
+from ..tasks.base import TaskBatch
 from ..windtunnel.discrete import paired_margin, restricted_log_probs
 
 OPS = {"cut": SubspaceCut, "only": SubspaceOnly}
@@ -73,7 +72,7 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
     from .axis import fit_direction
 
     H = posterior.shape[1]
-    h_bayes = entropy_bits(torch.from_numpy(posterior)).numpy()
+    h_bayes = info.entropy(torch.from_numpy(posterior)).numpy()
     bases = {"entropy-axis": fit_direction(x_query, h_bayes, "ridge")[None]}
     probe = fit_ridge(x_query, posterior)
     bases["frame-belief"] = top_rows((probe.coef / probe.sd[:, None]).T, H - 1)  # raw-space readouts
@@ -88,8 +87,8 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
 def sequence_losses(logp: torch.Tensor, posterior: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per sequence and position: |H(model) - H(Bayes)| and KL(Bayes || model), bits, [n, Q] each."""
     logp = logp.detach()
-    err = (entropy_bits(logp.double().exp()) - entropy_bits(posterior.double())).abs().numpy()
-    return err, kl_bits(posterior, logp)
+    err = (info.entropy(logp.double().exp()) - info.entropy(posterior.double())).abs().numpy()
+    return err, info.kl_from_probs(posterior, logp)
 
 
 @dataclass
@@ -116,16 +115,14 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     against equal-dimension isotropic and variance-matched random subspaces (see the module docstring)."""
     from ..core.progress import progress_bar
 
-    from ..model.loading import load_model
-    from ..windtunnel.configs import TrainConfig, make_task
+    from ..windtunnel.tunnels import open_tunnel
 
     unknown = set(ops) - set(OPS)
     if unknown:
         raise ConfigError(f"Unknown subspace edit(s) {sorted(unknown)}; choose from {', '.join(OPS)}.")
     folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    task = make_task(cfg)
-    model = load_model(folder)
+    tunnel = open_tunnel(folder)
+    task, model = tunnel.task, tunnel.model
     layers = list(range(model.cfg.n_layers)) if layers is None else [layer_index(x, model.cfg.n_layers) for x in layers]
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H = task.hypothesis_ids, len(task.hypothesis_ids)
@@ -152,7 +149,7 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
         rows += got_rows
         summary += got_summary
     bar.close()
-    meta = dict(folder=str(folder), task=task.name, task_kwargs=cfg.task_kwargs, site=site, layers=layers,
+    meta = dict(folder=str(folder), task=task.name, task_kwargs=tunnel.config.task_kwargs, site=site, layers=layers,
                 ops=list(ops),
                 n_fit=n_fit, n_eval=n_eval, n_isotropic=n_isotropic, n_matched=n_matched, seed=seed,
                 base=dict(mae_bits=float(base_err.mean()), kl_bits=float(base_kl.mean())))

@@ -15,6 +15,6 @@ from .frames import (FRAME_METRICS, LOG_METRICS, PRECISION_METRICS, Snapshot, at
     ratio_interval, settle_step, snapshot_metrics, take_snapshot)
 from .laws import (attention_gradients, causal_attention, law_check, law_errors, readout_signal, relative_error,
     routing_gradients, single_head_gradients)
-from .measures import cv_r2, entropy_nats, geometric_mean_interval, pc1_share
+from .measures import cv_r2, geometric_mean_interval, pc1_share
 from .sticky import (METHODS, PAPER_SEEDS, PAPER_SPEEDUP, closed_form_value_step, init_single_head, steps_to_reach,
     sticky_comparison, sticky_seed, summarise_sticky, train_single_head)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ..core.stop import check_stop
 from ..tasks.sticky import bayes_predictive, sample_sticky
 
-from .measures import entropy_nats
+from ..stats.info import entropy_of_log_probs
 
 
 class DeepSticky(torch.nn.Module):
@@ -76,7 +76,7 @@ def train_deep(seed: int, *, T: int = 2000, n_steps: int = 2000, lr: float = 3e-
     return {
         "seed": seed, "n_steps": n_steps, "train_losses": losses,
         "test_loss": float(F.nll_loss(log_p, test.targets)),
-        "test_entropy": float(entropy_nats(log_p).mean()),
+        "test_entropy": float(entropy_of_log_probs(log_p, "nats").mean()),
         "test_accuracy": float((log_p.argmax(-1) == test.targets).double().mean()),
         "entropy_floor": test.entropy_floor,
         "bayes_test_loss": float(F.nll_loss(log_bayes, test.targets)),

@@ -4,8 +4,6 @@ step at which each stays 90% of the way to its final value (``frame_precision_fr
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +14,10 @@ import torch
 from ..core.errors import ConfigError
 from ..stats import as_float64, is_constant
 from ..stats.pca import mean_abs_offdiag_cos, pca, spearman
-from ..tasks.base import entropy_bits
+from ..stats import info
 
-from .measures import cv_r2, entropy_nats, geometric_mean_interval, pc1_share
+from ..windtunnel.tunnels import is_tunnel, load_model, open_tunnel
+from .measures import cv_r2, geometric_mean_interval, pc1_share
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
 PRECISION_METRICS = ("entropy_mae", "pc1_share", "entropy_r2", "low_entropy_separation")
@@ -55,8 +54,8 @@ def take_snapshot(model, batch, hypothesis_ids: Sequence[int]) -> Snapshot:
         patterns=[cache[f"blocks.{layer}.attn.hook_pattern"].double() for layer in range(n_layers)],
         layer0_keys=key_cache["blocks.0.attn.hook_k"][:, 0].double(),
         values=values.flatten(2).flatten(0, 1).double(),
-        model_entropy=(entropy_nats(log_p) / math.log(2)).flatten(),
-        bayes_entropy=entropy_bits(batch.posterior.double()).flatten(),
+        model_entropy=info.entropy_of_log_probs(log_p).flatten(),
+        bayes_entropy=info.entropy(batch.posterior.double()).flatten(),
         groups=np.repeat(np.arange(values.shape[0]), values.shape[1]),
     )
 
@@ -71,7 +70,7 @@ def attention_similarity(p: torch.Tensor, p_ref: torch.Tensor) -> float:
     m = 0.5 * (p + p_ref)
     m = m.clamp_min(1e-300)
     js = 0.5 * (torch.special.xlogy(p, p / m) + torch.special.xlogy(p_ref, p_ref / m))
-    return 1.0 - float(torch.sqrt((js.sum(-1) / math.log(2)).clamp(0, 1)).mean())
+    return 1.0 - float(torch.sqrt((js.sum(-1) / info.LN2).clamp(0, 1)).mean())
 
 
 def low_entropy_separation(values: torch.Tensor, bayes_entropy: torch.Tensor, quantile: float = 0.25) -> float:
@@ -141,9 +140,9 @@ def frame_precision_from_checkpoints(checkpoints: Sequence[tuple[int, str | Path
                                      hypothesis_ids: Sequence[int], *, loader: Callable | None = None,
                                      frac: float = 0.9) -> dict:
     """Metric curves over a checkpoint series (``(step, folder)`` pairs) on one fixed ``TaskBatch``, and the
-    dissociation. ``loader(folder)`` returns a hooked model (default: ``interp_bayes.model.loading.load_model``)."""
-    if loader is None:
-        from ..model.loading import load_model as loader
+    dissociation. ``loader(folder)`` returns a hooked model (default: ``ib.load_model``, which opens a wind tunnel of any
+    architecture)."""
+    loader = loader or load_model
     ordered = sorted(checkpoints, key=lambda c: c[0])
     if len(ordered) < 2 or ordered[-1][0] <= 0:
         raise ConfigError("Need at least two checkpoints with a positive final step to measure settling.")
@@ -160,10 +159,8 @@ def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
     (its step from ``windtunnel.json``: ``step`` if recorded, else the configured ``steps``)."""
     run = Path(run)
     series = {int(f.name.split("_")[1]): f for f in sorted((run / "checkpoints").glob("step_*")) if f.is_dir()}
-    meta = run / "windtunnel.json"
-    if meta.exists():
-        d = json.loads(meta.read_text())
-        series.setdefault(int(d.get("step", d["config"]["steps"])), run)
+    if is_tunnel(run):
+        series.setdefault(open_tunnel(run).step, run)
     if len(series) < 2:
         raise ConfigError(f"{run} holds fewer than two checkpoints; train with checkpoints (windtunnel) first.")
     return sorted(series.items())
@@ -171,11 +168,9 @@ def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
 
 def frame_precision_run(run: str | Path, *, n_eval: int = 64, seed: int = 0, loader: Callable | None = None) -> dict:
     """``frame_precision_from_checkpoints`` on a wind-tunnel run folder, with ``n_eval`` fresh sequences of its task."""
-    from ..windtunnel.configs import TrainConfig, make_task
-
     series = checkpoint_series(run)
-    cfg = TrainConfig.from_dict(json.loads((series[0][1] / "windtunnel.json").read_text())["config"])
-    task = make_task(cfg)
+    tunnel = open_tunnel(series[0][1])
+    cfg, task = tunnel.config, tunnel.task
     res = frame_precision_from_checkpoints(series, task.sample(n_eval, seed=seed), task.hypothesis_ids, loader=loader)
     return {"run": str(run), "task": cfg.task, **res}
 

@@ -11,11 +11,6 @@ from scipy import stats
 from ..stats.pca import shares, spectrum
 
 
-def entropy_nats(log_probs: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy in nats over the last axis of a log-probability tensor."""
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
 def pc1_share(x: torch.Tensor) -> float:
     """Share of variance on the first principal component of the unstandardised rows (float64)."""
     ev = spectrum(x, standardize=False)

@@ -18,7 +18,8 @@ from ..core.stop import check_stop
 from ..tasks.sticky import StickyChain, bayes_predictive, sample_sticky
 
 from .laws import single_head_gradients
-from .measures import cv_r2, entropy_nats, geometric_mean_interval, pc1_share
+from ..stats.info import entropy_of_log_probs
+from .measures import cv_r2, geometric_mean_interval, pc1_share
 
 PAPER_SEEDS = (42, 2024, 1337, 7777, 9999)
 PAPER_SPEEDUP = 2.3  # EM-like vs SGD, repo:README.md (~430 vs 1000 steps)
@@ -75,7 +76,7 @@ def train_single_head(chain: StickyChain, method: str, init: dict[str, torch.Ten
         g = single_head_gradients(params, x, y, mixed_inputs=method == "em_closed")
         losses.append(float(g["loss"]))
         if step % record_every == 0 or step == n_steps:
-            entropy = entropy_nats(g["log_probs"])
+            entropy = entropy_of_log_probs(g["log_probs"], "nats")
             record["step"].append(step)
             record["pc1_share"].append(pc1_share(g["values"]))
             record["entropy_r2"].append(cv_r2(g["values"], entropy, None))  # one chain: no whole sequences to hold out
@@ -94,7 +95,7 @@ def train_single_head(chain: StickyChain, method: str, init: dict[str, torch.Ten
         **held,
         "losses": losses,
         "final_loss": losses[-1],
-        "final_entropy": float(entropy_nats(g["log_probs"]).mean()),
+        "final_entropy": float(entropy_of_log_probs(g["log_probs"], "nats").mean()),
         "final_accuracy": float((g["log_probs"].argmax(-1) == y).double().mean()),
         "manifold": record,
     }
@@ -116,7 +117,7 @@ def sticky_seed(seed: int, *, T: int = 2000, n_steps: int = 1000, lr: float = 0.
     run = {"seed": seed, "entropy_floor": chain.entropy_floor,
            "bayes_loss": float(-log_bayes.gather(1, chain.targets[:, None]).mean()),
            "bayes_heldout_loss": float(F.nll_loss(bayes_predictive(heldout), heldout.targets)),
-           "bayes_entropy": float(entropy_nats(log_bayes).mean())}
+           "bayes_entropy": float(entropy_of_log_probs(log_bayes, "nats").mean())}
     for method in METHODS:
         run[method] = train_single_head(chain, method, init, n_steps=n_steps, lr=lr, lr_value=lr_value,
                                         record_every=record_every, heldout=heldout)

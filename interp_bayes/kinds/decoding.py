@@ -152,9 +152,10 @@ def plan(ctx, p: DecodingParams) -> list:
     from .common import plan_sula, sula_request
 
     if p.tunnel is not None:
-        from .windtunnel import task_of, checkpoint_folder, windtunnel_prompts
+        from ..windtunnel.tunnels import open_tunnel
+        from .windtunnel import windtunnel_prompts
 
-        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.tunnel)), p.n_sequences, p.seed)
+        prompts, _ = windtunnel_prompts(open_tunnel(p.tunnel).task, p.n_sequences, p.seed)
         return [PlanItem("decoding", f"wind tunnel {p.tunnel}: {len(prompts)} prefixes, readings "
                          f"{', '.join(p.readings)} at every layer (a small model: seconds)", None, len(prompts),
                          model=Path(p.tunnel).name)]

@@ -46,7 +46,7 @@ class GaussianParams(TunnelParams):
 
     def checkpoints(self) -> dict:
         """A Kalman tunnel of a one-dimensional state (the beliefs this kind reads), refused otherwise."""
-        from .windtunnel import tunnel_config
+        from ..windtunnel.tunnels import tunnel_config
 
         folders = super().checkpoints()
         # KalmanTask's state_dim defaults to 2: a config that names none is not one-dimensional

@@ -75,7 +75,7 @@ def run(ctx, p: ICLParams) -> Result:
     for condition in p.conditions:
         acts, cols = sula(ctx, condition, p.per_k, p.seed, p.layers)
         for target, column in TARGETS:
-            cmp = compare_to_bayes(acts.entropy, cols[column], groups=cols["k"],
+            cmp = compare_to_bayes(acts.entropy, cols[column], by=cols["k"],
                                    predicted=acts.label_logprobs.argmax(-1).numpy(), latent=cols["latent"])
             rows += calibration_rows(cmp, dict(condition=condition, target=target))
         if condition not in ("main", "fixed_k"):

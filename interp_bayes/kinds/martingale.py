@@ -39,11 +39,10 @@ class MartingaleParams(TunnelParams):
         """Every k a count of examples the task can show before its query (a bijection tunnel: below its pairs)."""
         most = None
         if self.tunnel is not None:
-            from .windtunnel import checkpoint_folder, task_of
+            from ..windtunnel.tunnels import is_tunnel, open_tunnel
 
-            folder = checkpoint_folder(self.tunnel)
-            if (folder / "windtunnel.json").is_file():  # (a folder that is no checkpoint is the run's to refuse)
-                n_pairs = getattr(task_of(folder), "n_pairs", None)
+            if is_tunnel(self.tunnel):  # (a folder that is no checkpoint is the run's to refuse)
+                n_pairs = getattr(open_tunnel(self.tunnel).task, "n_pairs", None)
                 most = None if n_pairs is None else n_pairs - 1
         bad = [k for k in self.ks if k < 1 or (most is not None and k > most)]
         if bad or not self.ks:

@@ -223,9 +223,10 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
     from .common import plan_sula
 
     if p.tunnel is not None:
-        from .windtunnel import task_of, checkpoint_folder, windtunnel_prompts
+        from ..windtunnel.tunnels import open_tunnel
+        from .windtunnel import windtunnel_prompts
 
-        prompts, _ = windtunnel_prompts(task_of(checkpoint_folder(p.tunnel)), p.n_sequences, p.seed)
+        prompts, _ = windtunnel_prompts(open_tunnel(p.tunnel).task, p.n_sequences, p.seed)
         n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
                                                                if p.compare else 0)
         return [PlanItem("entropy_neurons", f"wind tunnel {p.tunnel}: ablations on {len(prompts)} prefixes (a small "

@@ -18,28 +18,9 @@ from .common import check_folds, deconfounded, deconfounded_text, manifold_rows,
 from .icl import calibration_rows
 from .interventions import (ProtocolPrompts, check_protocol, effects_figure, per_k_figure, protocol, split_by_group,
                             summary_lines)
-
-WINDTUNNELS_DIR = Path(__file__).resolve().parent.parent / "windtunnel" / "checkpoints"
-
+from ..windtunnel.tunnels import PACKAGED, checkpoint_folder, open_tunnel, tunnel_config
 
 DISCRETE_TASKS = ("bijection", "hmm", "recall")  # tasks whose exact posterior is over hypothesis tokens
-
-
-def checkpoint_folder(name: str) -> Path:
-    """The folder of a packaged wind tunnel's name, else ``name`` as a folder."""
-    return WINDTUNNELS_DIR / name if (WINDTUNNELS_DIR / name).is_dir() else Path(name)
-
-
-def tunnel_config(folder: Path) -> dict | None:
-    """The training config a wind-tunnel folder was saved with (its windtunnel.json), None when it holds none."""
-    from ..core.errors import CacheError
-    from ..core.store import read_json
-
-    try:
-        config = read_json(folder / "windtunnel.json")["config"]
-    except (OSError, CacheError, KeyError, TypeError):
-        return None
-    return config if isinstance(config, dict) and isinstance(config.get("task"), str) else None
 
 
 def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str, ...] | None = None) -> Path:
@@ -57,7 +38,7 @@ def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str
         return folder
     # only a refusal lists the packaged ones that fit (reading every packaged windtunnel.json): the stage key asks
     # for the folder again and again
-    fit = ", ".join(d.name for d in sorted(WINDTUNNELS_DIR.iterdir()) if fits(tunnel_config(d)))
+    fit = ", ".join(d.name for d in sorted(PACKAGED.iterdir()) if fits(tunnel_config(d)))
     what = " or ".join(tasks) + (f" {'/'.join(archs)}" if archs else "")
     if config is None:
         raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, which is no wind-tunnel "
@@ -112,10 +93,10 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
     """One prompt per (sequence, query position): the prefix ending at the query, so the final token is the one
     whose next-token belief the exact posterior describes. Returns token ids and task columns (k = query number,
     latent = the realised hypothesis, bayes_entropy in bits, sequence = the sequence's index)."""
-    from ..tasks.base import entropy_bits as posterior_entropy
+    from ..stats import info
 
     batch = task.sample(n_sequences, seed=seed)
-    h = posterior_entropy(batch.posterior.double())  # [n, Q]
+    h = info.entropy(batch.posterior.double())  # [n, Q]
     prompts, cols = [], dict(k=[], latent=[], bayes_entropy=[], sequence=[])
     for i in range(n_sequences):
         for q, pos in enumerate(batch.query_pos.tolist()):
@@ -127,21 +108,11 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
     return prompts, cols
 
 
-def task_of(folder: Path):
-    """The task object of the wind tunnel saved in ``folder`` (from its windtunnel.json)."""
-    from ..core.store import read_json
-    from ..windtunnel.configs import TrainConfig, make_task
-
-    return make_task(TrainConfig.from_dict(read_json(folder / "windtunnel.json")["config"]))
-
-
 def load_windtunnel_task(name: str):
     """(the model, the task) of a packaged wind-tunnel checkpoint's name or a trained folder: a bridge for an HF
-    checkpoint (transformer, Mamba), TransformerLens-hooked otherwise (``windtunnel.configs.load_windtunnel``)."""
-    from ..windtunnel.configs import load_windtunnel
-
-    folder = checkpoint_folder(name)
-    return load_windtunnel(folder)[0], task_of(folder)
+    checkpoint (transformer, Mamba), TransformerLens-hooked otherwise (``windtunnel.tunnels.open_tunnel``)."""
+    tunnel = open_tunnel(name)
+    return tunnel.model, tunnel.task
 
 
 @dataclass
@@ -163,17 +134,16 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
     from ..core.errors import ConfigError
     from ..core.layers import resolve_layers
     from ..model.hooks import reading_hook
-    from ..model.loading import model_identity
 
-    folder = checkpoint_folder(checkpoint)
-    model, task = load_windtunnel_task(checkpoint)
+    tunnel = open_tunnel(checkpoint)
+    model, task = tunnel.model, tunnel.task
     prompts, cols = windtunnel_prompts(task, n_sequences, seed)
     idx = resolve_layers(layers, model.cfg.n_layers, ctx.config.layers)
     missing = [r for r in readings if reading_hook(r, idx[0]) not in model.hook_dict]
     if missing:  # the LSTM, Mamba and the MLPs have no attention: no value vectors, no patterns
         raise ConfigError(f"Wind tunnel {checkpoint} has no hook for the reading(s) {missing} (it has no attention); "
                           "read it at the residual stream ('resid', 'resid_pre') instead.")
-    acts = ctx.activations(f"windtunnel-{folder.name}", prompts, model=model, model_id=model_identity(folder),
+    acts = ctx.activations(f"windtunnel-{tunnel.folder.name}", prompts, model=model, model_id=tunnel.identity,
                            layers=idx, readings=readings, label_tokens=task.hypothesis_ids)
     acts.with_groups(cols["sequence"])  # the prefixes of one sequence are not independent: it is the unit
     return WindtunnelSet(model, task, prompts, cols, acts, idx)
@@ -195,7 +165,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     n = model.cfg.n_layers
     bayes, k = np.array(cols["bayes_entropy"]), np.array(cols["k"])
     columns = nuisance_columns([len(t) for t in prompts], position=k)
-    rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, groups=cols["k"]), dict(condition="windtunnel"))
+    rows = calibration_rows(compare_to_bayes(acts.entropy, bayes, by=cols["k"]), dict(condition="windtunnel"))
     last = n - 1
     rep = manifold_report(acts.values(-1), acts.entropy, bayes_entropy=bayes, groups=acts.groups, n_boot=p.n_boot,
                           n_null=p.n_null, seed=ctx.config.seed)
@@ -241,7 +211,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
 def plan(ctx, p: WindtunnelParams) -> list:
     from ..core.plugin import PlanItem
 
-    task = task_of(checkpoint_folder(p.tunnel))
+    task = open_tunnel(p.tunnel).task
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
     return [PlanItem("windtunnel", f"wind tunnel {p.tunnel}: {len(prompts)} prompts and the intervention "
                      "protocol (a small model: seconds)", None, len(prompts), model=Path(p.tunnel).name)]

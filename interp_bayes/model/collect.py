@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import html
 import json
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,10 @@ from ..core.errors import ConfigError, NonFiniteActivationError, PromptError
 from ..core.layers import layer_index, resolve_layers
 from ..core.store import MANIFEST, read_json, seal, unseal
 from ..core.stop import check_stop
+from ..stats.info import entropy, entropy_of_log_probs
 from .hooks import act_name, module_input, reading_hook
 from .loading import checkpoint_tokenizer, model_info, tokenizer_policy
 
-LN2 = math.log(2.0)
 
 
 def _final_flat(act: torch.Tensor) -> torch.Tensor:
@@ -37,7 +36,7 @@ def _final_flat(act: torch.Tensor) -> torch.Tensor:
 def _final_query_entropy(pattern: torch.Tensor) -> torch.Tensor:
     """[batch, heads, q, k] attention -> entropy in bits of each head's final-query row: [batch, heads]."""
     p = pattern[:, :, -1].float()
-    return -torch.special.xlogy(p, p).sum(-1) / LN2
+    return entropy(p)
 
 
 # reading -> its reduction to one row per prompt (the hook it is taken from: ``model.hooks.reading_hook``)
@@ -185,7 +184,7 @@ def logit_entropy_bits(logits: torch.Tensor) -> torch.Tensor:
 
 def _bits(logp: torch.Tensor) -> torch.Tensor:
     """Entropy in bits from log-probabilities over the last axis."""
-    return -(logp.exp() * logp).sum(-1) / LN2
+    return entropy_of_log_probs(logp)
 
 
 def tokenize(model, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,

@@ -22,7 +22,6 @@ prompt indices (``bind_edit``) on both paths: a copy's slice of the stacked batc
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -31,6 +30,7 @@ import torch
 
 from ..core.layers import layer_index
 from ..core.stop import check_stop
+from ..stats.info import kl
 from .edits import bind_edit, intervene
 from .hooks import reading_hook
 
@@ -119,12 +119,6 @@ class EditedRun:
     kl: torch.Tensor | None = None  # [n] float64 KL(edited || unperturbed) in bits; None for the unperturbed run
 
 
-def kl_bits(logprobs: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """[n] KL(edited || unperturbed) in bits, in float64, from float32 log-probabilities [n, vocab] and ``base``."""
-    lp = logprobs.double()
-    return (lp.exp() * (lp - base)).sum(-1) / math.log(2)
-
-
 def edited_runs(model, prompts: list, edits: list[dict[int, Callable]], *, layers: list[int],
                 label_tokens: list[int], batch_size: int | None = None, fast: bool = True,
                 tick: Callable[[int], object] = lambda n: None) -> list[EditedRun]:
@@ -169,7 +163,7 @@ def _naive_runs(model, prompts: list, edits: list[dict], *, layers: list[int], l
     runs = [base]
     for edit in edits:
         out, lp = run(edit)
-        out.kl = kl_bits(lp, base_lp)
+        out.kl = kl(lp.double(), base_lp)  # KL(edited || unperturbed), float64
         runs.append(out)
         tick(len(prompts))
     return runs
@@ -214,7 +208,7 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
         for layer, v in values.items():
             run.values.setdefault(layer, torch.empty(n, v.shape[1]))[index] = v
         if base_lp is not None:
-            run.kl[index] = kl_bits(torch.log_softmax(logits.float(), dim=-1).cpu(), base_lp)
+            run.kl[index] = kl(torch.log_softmax(logits.float(), dim=-1).cpu().double(), base_lp)
 
     for idx in length_batches(token_ids, batch_size):
         check_stop()

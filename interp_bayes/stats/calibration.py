@@ -1,10 +1,10 @@
 """A model's predictive entropy against the exact Bayesian one: the one comparison the sweep, the interventions and
 the wind-tunnel evaluation all report, in bits.
 
-For each group (k, the number of in-context examples, or a query position) and over all rows:
+For each stratum (``by``: k, the number of in-context examples, or a query position) and over all rows:
 
 - ``mae``: per-sample entropy MAE, mean |H_model - H_Bayes| (errors cannot cancel);
-- ``mean_curve_mae`` (all rows only): |mean H_model - mean H_Bayes| per group, averaged over groups (the authors'
+- ``mean_curve_mae`` (all rows only): |mean H_model - mean H_Bayes| per stratum, averaged over strata (the authors'
   ``src/utils/entropy.py`` definition; errors can cancel, so it is the smaller number);
 - ``kl_bits``: KL(Bayes || model) of the full predictive distributions, when both are given;
 - ``accuracy``: the share of rows whose predicted hypothesis is the realised one, when both are given;
@@ -14,23 +14,12 @@ For each group (k, the number of in-context examples, or a query position) and o
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from . import as_float64
+from .info import kl_from_probs
 from .pca import correlations
-
-LN2 = math.log(2.0)
-
-
-def kl_bits(posterior, model_logprobs) -> np.ndarray:
-    """KL(posterior || model) in bits over the last axis, from probabilities and model log-probabilities."""
-    p, logq = as_float64(posterior), as_float64(model_logprobs)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - logq), 0.0)
-    return terms.sum(-1) / LN2
-
 
 def _block(err: np.ndarray, h_model: np.ndarray, h_bayes: np.ndarray, kl: np.ndarray | None,
            hit: np.ndarray | None) -> dict:
@@ -43,19 +32,19 @@ def _block(err: np.ndarray, h_model: np.ndarray, h_bayes: np.ndarray, kl: np.nda
     return out
 
 
-def compare_to_bayes(model_entropy, bayes_entropy, *, groups=None, model_logprobs=None, posterior=None,
+def compare_to_bayes(model_entropy, bayes_entropy, *, by=None, model_logprobs=None, posterior=None,
                      predicted=None, latent=None) -> dict:
-    """Model vs exact Bayes, overall and per group (see the module docstring), all in bits.
+    """Model vs exact Bayes, overall and per stratum (see the module docstring), all in bits.
 
-    model_entropy, bayes_entropy: [n] entropies in bits. groups: [n] group labels (k or position); with groups, the
-    result also holds ``k_ge_1`` (groups >= 1: the in-context task's k = 0 prompts have no example at all, a
-    formatting confound). model_logprobs, posterior: [n, H] distributions for the KL. predicted, latent: [n]
+    model_entropy, bayes_entropy: [n] entropies in bits. by: [n] stratum labels (k or position; ``by``, not
+    ``groups``, which everywhere else names the unit of independence); with strata, the result also holds
+    ``k_ge_1`` (by >= 1: the in-context task's k = 0 prompts have no example at all, a formatting confound). model_logprobs, posterior: [n, H] distributions for the KL. predicted, latent: [n]
     hypothesis indices for the accuracy.
-    Returns ``{"all": block, "per_group": {label: block}, "k_ge_1": block}`` (the last two with groups only).
+    Returns ``{"all": block, "per_group": {label: block}, "k_ge_1": block}`` (the last two with ``by`` only).
     """
     h_model, h_bayes = as_float64(model_entropy), as_float64(bayes_entropy)
     err = np.abs(h_model - h_bayes)
-    kl = kl_bits(posterior, model_logprobs) if posterior is not None and model_logprobs is not None else None
+    kl = kl_from_probs(posterior, model_logprobs) if posterior is not None and model_logprobs is not None else None
     hit = np.asarray(predicted) == np.asarray(latent) if predicted is not None and latent is not None else None
 
     def block(mask: np.ndarray) -> dict:
@@ -63,8 +52,8 @@ def compare_to_bayes(model_entropy, bayes_entropy, *, groups=None, model_logprob
                       None if hit is None else hit[mask])
 
     out = dict(all=block(np.ones(len(err), dtype=bool)))
-    if groups is not None:
-        g = np.asarray(groups)
+    if by is not None:
+        g = np.asarray(by)
         labels = sorted(set(g.tolist()))
         out["per_group"] = {label: block(g == label) for label in labels}
         out["all"]["mean_curve_mae"] = float(np.mean([abs(b["model_entropy"] - b["bayes_entropy"])

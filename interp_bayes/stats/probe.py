@@ -10,7 +10,7 @@ import torch
 from ..core.errors import ConfigError
 from . import (as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2,
     sequential_test)
-from .calibration import kl_bits
+from .info import kl_from_probs
 from .sequential import BATCH
 
 FLOOR = 1e-3
@@ -66,5 +66,5 @@ def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffle
     out = dict(r2=observed, r2_ci=interval(boot), n=int(len(y)), n_sequences=int(inverse.max()) + 1,
                dim=int(x.shape[1]), folds=folds,
                shuffled=dict(mean=float(np.mean(drawn)), range=list(test.null), n=test.draws, test=test.as_dict()))
-    out["kl_bits"] = float(kl_bits(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
+    out["kl_bits"] = float(kl_from_probs(y, np.log(simplex_belief(y_hat, floor))).mean()) if simplex else float("nan")
     return out

@@ -23,11 +23,6 @@ class TaskBatch:
     labels: torch.Tensor  # [n, Q] int64, the realised hypothesis (a sample from the posterior's generative process)
 
 
-def entropy_bits(p: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy in bits over the last axis (0 log 0 = 0)."""
-    return -(torch.special.xlogy(p, p)).sum(-1) / np.log(2.0)
-
-
 def as_rng(seed: int | Sequence[int] | np.random.Generator | None) -> np.random.Generator:
     """A numpy Generator from a seed (or the Generator itself), so every sampler is reproducible."""
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
-from .base import TaskBatch, entropy_bits
+from ..stats import info
+from .base import TaskBatch
 from .bijection import BijectionTask
 from .hmm import HMMTask, hmm_filter
 from .recall import RecallTask
@@ -127,4 +128,4 @@ def baseline_posteriors(task, batch: TaskBatch, windows: tuple[int, ...] = (1, 2
 def position_entropy(task, length: int | None = None, *, n: int = 2000, seed: int = 0) -> torch.Tensor:
     """Mean exact entropy in bits at each query position, [Q] float64, over ``n`` sequences drawn with ``seed``
     (use a seed other than the evaluation's, so the predictor is fitted on other sequences)."""
-    return entropy_bits(task.sample(n, seed=seed, length=length).posterior.double()).mean(0)
+    return info.entropy(task.sample(n, seed=seed, length=length).posterior.double()).mean(0)

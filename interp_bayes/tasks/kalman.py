@@ -28,9 +28,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from ..stats.info import LN2, gaussian_kl
 from .base import as_rng
 
-LN2 = math.log(2.0)
 
 
 @dataclass
@@ -206,20 +206,9 @@ def gaussian_w2(mean1: torch.Tensor, cov1: torch.Tensor, mean2: torch.Tensor, co
     return w2sq.clamp_min(0).sqrt()
 
 
-def gaussian_kl_nats(mean0: torch.Tensor, chol0: torch.Tensor, mean1: torch.Tensor, chol1: torch.Tensor
-                     ) -> torch.Tensor:
-    """KL(N(mean0, L0 L0^T) || N(mean1, L1 L1^T)) in nats from lower Cholesky factors, batched (differentiable:
-    the training loss calls it with the model's factor, so no factorisation of the model's covariance is needed)."""
-    trace = torch.linalg.solve_triangular(chol1, chol0, upper=False).pow(2).sum((-1, -2))  # tr(P1^-1 P0)
-    maha = torch.linalg.solve_triangular(chol1, (mean1 - mean0)[..., None], upper=False).pow(2).sum((-1, -2))
-    diag0, diag1 = torch.diagonal(chol0, dim1=-2, dim2=-1), torch.diagonal(chol1, dim1=-2, dim2=-1)
-    logdet = 2 * (diag1.abs().log() - diag0.abs().log()).sum(-1)
-    return 0.5 * (trace + maha - mean0.shape[-1] + logdet)
-
-
 def gaussian_kl_bits(mean0: torch.Tensor, cov0: torch.Tensor, mean1: torch.Tensor, cov1: torch.Tensor) -> torch.Tensor:
     """KL(N(mean0, cov0) || N(mean1, cov1)) in bits, batched over leading axes."""
-    return gaussian_kl_nats(mean0, torch.linalg.cholesky(cov0), mean1, torch.linalg.cholesky(cov1)) / LN2
+    return gaussian_kl(mean0, torch.linalg.cholesky(cov0), mean1, torch.linalg.cholesky(cov1))
 
 
 def gaussian_entropy_bits(cov: torch.Tensor) -> torch.Tensor:

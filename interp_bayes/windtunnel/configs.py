@@ -1,5 +1,6 @@
 """Training configs, presets, tasks by name, the model families (an HF transformer; capacity-matched to it, the
-per-position MLP, the context MLP, the LSTM and HF's Mamba-2: ``build_model``), and loading a trained folder.
+per-position MLP, the context MLP, the LSTM and HF's Mamba-2: ``build_model``); a trained folder opens with
+``tunnels.open_tunnel``.
 
 The transformer is a plain ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU MLP, tied embeddings:
 the paper's architecture; absolute positions matter for the HMM, whose matrix entries are identified only by
@@ -15,9 +16,7 @@ only its own token and index. The other families are in ``archs`` (hooked with T
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -257,31 +256,6 @@ def nope_config(cfg: TrainConfig, task: BijectionTask | HMMTask) -> GPTNeoXConfi
 
 
 POSITION_CONFIGS = {"learned": gpt2_config, "rotary": neox_config, "none": nope_config}
-
-
-def load_windtunnel(folder: str | Path) -> tuple[nn.Module, TrainConfig]:
-    """A trained folder's model and its config: an HF checkpoint (transformer, Mamba) booted through
-    ``ib.load_model``, or one of ``archs.MODEL_TYPES`` (the MLPs, the LSTM) with the folder's tokenizer."""
-    folder = Path(folder)
-    cfg = TrainConfig.from_dict(json.loads((folder / "windtunnel.json").read_text())["config"])
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
-    if model_type is not None and model_type.startswith("windtunnel_"):
-        from transformers import PreTrainedTokenizerFast
-
-        from ..model.loading import ModelInfo
-        from .archs import MODEL_TYPES
-
-        if model_type not in MODEL_TYPES:
-            raise ConfigError(f"{folder} holds a model of type {model_type!r}, which this version cannot build; "
-                              f"known: {', '.join(sorted(MODEL_TYPES))}.")
-        model = MODEL_TYPES[model_type].from_pretrained(folder)
-        model._ib_tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # read by collect, as a bridge's
-        model._ib_info = ModelInfo(name=str(folder), source=str(folder), family=model_type, dtype="float32",
-                                   n_params=n_params(model))
-        return model, cfg
-    from ..model.loading import load_model
-
-    return load_model(str(folder)), cfg
 
 
 def n_params(model: nn.Module) -> int:

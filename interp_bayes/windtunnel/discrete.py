@@ -26,8 +26,9 @@ from torch import nn
 
 from ..stats import as_float64, beyond, bootstrap_mean_draws
 from ..stats.sequential import ACCEPT, BATCH, REJECT
-from ..stats.calibration import compare_to_bayes, kl_bits
-from ..tasks.base import TaskBatch, entropy_bits
+from ..stats import info
+from ..stats.calibration import compare_to_bayes
+from ..tasks.base import TaskBatch
 from ..tasks.filters import baseline_posteriors, position_entropy
 from .entry import TaskEntry
 
@@ -62,8 +63,8 @@ def summarise(h_model: torch.Tensor, posterior: torch.Tensor, logp: torch.Tensor
     for the KL, its log-probabilities ``logp`` [n, Q, H]; by ``stats.calibration.compare_to_bayes`` with the query
     position as the group. Without ``logp`` the KL is NaN (an entropy predictor has no distribution)."""
     n, Q, H = posterior.shape
-    h_bayes = entropy_bits(posterior.double())  # [n, Q]
-    cmp = compare_to_bayes(h_model.reshape(-1), h_bayes.reshape(-1), groups=np.tile(np.arange(Q), n),
+    h_bayes = info.entropy(posterior.double())  # [n, Q]
+    cmp = compare_to_bayes(h_model.reshape(-1), h_bayes.reshape(-1), by=np.tile(np.arange(Q), n),
                            model_logprobs=None if logp is None else logp.reshape(-1, H),
                            posterior=None if logp is None else posterior.reshape(-1, H))
     per = [cmp["per_group"][q] for q in range(Q)]
@@ -84,7 +85,7 @@ def summarise(h_model: torch.Tensor, posterior: torch.Tensor, logp: torch.Tensor
 
 def score(logp: torch.Tensor, posterior: torch.Tensor) -> dict[str, Any]:
     """Per-position and averaged metrics from model log-probs and exact posteriors, both [n, Q, H]."""
-    return summarise(entropy_bits(logp.exp()), posterior, logp)
+    return summarise(info.entropy(logp.exp()), posterior, logp)
 
 
 def paired_margin(baseline_kl: np.ndarray, model_kl: np.ndarray, *, n_boot: int = 2000,
@@ -114,11 +115,11 @@ def compare_with_baselines(logp: torch.Tensor, batch: TaskBatch, task: Any, *, w
     model's, the margin with its interval and ``beats`` (``paired_margin``: the interval settled above 0)."""
     post = batch.posterior.double()
     beliefs = baseline_posteriors(task, batch, windows)
-    model_kl = kl_bits(post, logp)  # [n, Q]
+    model_kl = info.kl_from_probs(post, logp)  # [n, Q]
     out = {}
     for name, q in beliefs.items():
         out[name] = score(torch.log(q), post)
-        out[name]["kl_margin"] = paired_margin(kl_bits(post, torch.log(q)), model_kl, seed=seed)
+        out[name]["kl_margin"] = paired_margin(info.kl_from_probs(post, torch.log(q)), model_kl, seed=seed)
     if position_h is not None:
         out["position-only"] = summarise(position_h.expand(post.shape[:2]), post)
     best = min((name for name in out if name.startswith("window-")), key=lambda name: out[name]["kl_bits"])

@@ -9,7 +9,8 @@ from typing import Any
 from torch import nn
 
 from ..core.errors import ConfigError
-from .configs import TASKS, load_windtunnel, make_task
+from .configs import TASKS
+from .tunnels import open_tunnel
 from .table import task_entry
 
 
@@ -31,8 +32,8 @@ def evaluate_windtunnel(
     ``discrete.evaluate_discrete`` and ``kalman.evaluate_kalman``).
     """
     if isinstance(model, (str, Path)):
-        model, cfg = load_windtunnel(model)
-        task = task or make_task(cfg)
+        tunnel = open_tunnel(model)
+        model, task = tunnel.model, task or tunnel.task
     if isinstance(task, str):
         if task not in TASKS:
             raise ConfigError(f"Unknown wind-tunnel task '{task}'; known tasks: {', '.join(sorted(TASKS))}.")

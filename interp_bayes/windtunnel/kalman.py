@@ -33,11 +33,12 @@ from torch import nn
 
 from ..core.errors import ConfigError
 from ..stats.sequential import ACCEPT, BATCH, REJECT
-from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_within, cross_fitted_ridge, permutations,
-                     r2, sequential_test)
-from ..tasks.kalman import (LN2, KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_kl_nats,
-    gaussian_w2, window_filter)
-from .configs import load_windtunnel
+from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_within, cross_fitted_ridge,
+                     permutations, r2, sequential_test)
+from ..stats.info import LN2, entropy, gaussian_kl
+from ..tasks.kalman import (KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_w2,
+                            window_filter)
+from .tunnels import open_tunnel
 from .entry import TaskEntry
 
 WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
@@ -123,8 +124,8 @@ def kalman_loss(mean: torch.Tensor, chol: torch.Tensor, batch: KalmanBatch, kind
     d = mean.shape[-1]
     if kind == "soft":
         exact_chol = torch.linalg.cholesky(batch.cov).to(device, dtype)
-        entropy = gaussian_entropy_bits(batch.cov).to(device, dtype) * LN2
-        return (gaussian_kl_nats(batch.mean.to(device, dtype), exact_chol, mean, chol) + entropy).mean()
+        h_exact = gaussian_entropy_bits(batch.cov).to(device, dtype) * LN2  # nats
+        return (gaussian_kl(batch.mean.to(device, dtype), exact_chol, mean, chol, "nats") + h_exact).mean()
     if kind == "hard":
         z = torch.linalg.solve_triangular(chol, (batch.states.to(device, dtype) - mean)[..., None], upper=False)
         logdet = 2 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
@@ -207,7 +208,8 @@ def evaluate_kalman(
     per_position, windows: {w: same metrics}, target: ``target_verdict``}} (windows shorter than the sequence
     only; none, and no target, without ``baselines``); lengths default to the training length."""
     if isinstance(model, (str, Path)):
-        model, cfg = load_windtunnel(model)
+        tunnel = open_tunnel(model)
+        model, cfg = tunnel.model, tunnel.config
         task = task or KalmanTask(**cfg.task_kwargs)
     if task is None:
         raise ConfigError("evaluate_kalman needs a KalmanTask when given a model rather than a trained folder.")
@@ -299,7 +301,7 @@ def kalman_readings(
             act = cache[name].float().cpu()
             if r == "attn_entropy":  # [b, heads, q, k] -> each step's row entropy, bits: [b, K, heads]
                 p = act[:, :, qpos]
-                act = (-torch.special.xlogy(p, p).sum(-1) / LN2).transpose(1, 2)
+                act = entropy(p).transpose(1, 2)
             else:  # [b, pos, ...] -> [b, K, dim]
                 act = act[:, qpos].reshape(act.shape[0], K, -1)
             parts[(r, layer)].append(act.reshape(-1, act.shape[-1]))

@@ -57,7 +57,7 @@ def length_at(step: int, cfg: TrainConfig) -> int | None:
 
 
 def save_folder(model: nn.Module, cfg: TrainConfig, task: Any, folder: Path, extra: dict[str, Any]) -> None:
-    """Weights + HF config + tokenizer + windtunnel.json: a folder ``configs.load_windtunnel`` boots."""
+    """Weights + HF config + tokenizer + windtunnel.json: a folder ``tunnels.open_tunnel`` opens."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     save_tokenizer(task.vocab, folder)
