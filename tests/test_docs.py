@@ -148,3 +148,11 @@ def test_docs_command_checks_refills_and_writes_nothing_on_a_bad_marker(tmp_path
     assert "0.3<" in good.read_text()
     assert docs_main(SimpleNamespace(files=[str(good)], snapshots=str(root), check=False)) == 0
     assert good.read_text() == "share <!-- snapshot s/one -->0.25<!-- /snapshot -->\n"
+
+
+def test_a_pipe_in_a_record_is_escaped_in_its_cell(tmp_path):
+    """A claim's text ("mean |cos| of key columns") would otherwise split its table cell in two."""
+    root = _snapshot(tmp_path, {"t": {"rows": {}, "key": ["claim"], "columns": [{"head": "claim", "text": "{claim}"}]}},
+                     "claim,value\nmean |cos| of W_K,1\n")
+    new, _ = render("<!-- snapshot s/t --><!-- /snapshot -->", root)
+    assert "| mean \\|cos\\| of W_K |" in new.splitlines()

@@ -133,7 +133,7 @@ def _fill(template: str, record: dict, what: str) -> str:
 def _table(spec: dict, records: list[dict], what: str) -> str:
     """One line per distinct ``key`` among the records (in their order); each column either ``text``, a template of
     the key's fields, or ``format``, a template filled from the one record of that key that matches ``match``
-    ("—" where none does)."""
+    ("—" where none does). A pipe in a cell is escaped; a head is written escaped by hand."""
     key = spec.get("key") or []
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -154,7 +154,8 @@ def _table(spec: dict, records: list[dict], what: str) -> str:
                 raise ConfigError(f"{what}: column {c['head']!r} matches {len(found)} records of one line; "
                                   "narrow its match.")
             cells.append(_fill(c["format"], found[0], what) if found else "—")
-        lines.append("| " + " | ".join(cells) + " |")
+        # a record's text may hold a pipe (a claim's "|cos|"), which would split its cell
+        lines.append("| " + " | ".join(re.sub(r"(?<!\\)\|", r"\\|", cell) for cell in cells) + " |")
     return "\n".join(lines)
 
 
