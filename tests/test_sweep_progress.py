@@ -60,3 +60,46 @@ def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path)
     other = config.override(seed=3)
     est = estimate(other, plan_sweep(other), per_forward=0.5)
     assert est.source["mixed"] == "recorded" and est.source["code"] == "throughput"
+
+
+def test_blas_follows_torch_threads_and_changes_no_row(tiny_dirs, tmp_path, monkeypatch):
+    """``cpu_threads`` holds numpy's and scipy's BLAS to torch's thread count during a sweep (two BLAS threads beside
+    a one-thread sweep ran the statistics 8-10x slower on shared cores) and restores it after; the rows of every
+    toy kind are byte-equal to those of the same sweep with BLAS at two threads."""
+    from contextlib import contextmanager
+
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from interp_bayes.model.testing import write_toy_recipes
+    from interp_bayes.run import sweep
+
+    def blas_threads() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    threads = torch.get_num_threads()
+    with threadpool_limits(limits=2, user_api="blas"):
+        with sweep.cpu_threads(1):
+            assert blas_threads() == {1} and torch.get_num_threads() == 1
+        assert blas_threads() == {2}
+    torch.set_num_threads(threads)
+
+    @contextmanager
+    def free_blas(n):  # the sweep before: torch's threads set, BLAS at two threads
+        torch.set_num_threads(n)
+        with threadpool_limits(limits=2, user_api="blas"):
+            yield
+
+    probes = write_toy_recipes(tmp_path / "probes")
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), prompts="basic", quiet=True, probes=probes, threads=1)
+    try:
+        held = run_sweep(config.override(out=str(tmp_path / "held"))).folder
+        monkeypatch.setattr(sweep, "cpu_threads", free_blas)
+        free = run_sweep(config.override(out=str(tmp_path / "free"))).folder
+    finally:
+        torch.set_num_threads(threads)
+    names = sorted(p.parent.name for p in held.glob("probes/*/rows.json"))
+    assert len(names) >= 5
+    for name in names:
+        assert (held / "probes" / name / "rows.json").read_bytes() == \
+            (free / "probes" / name / "rows.json").read_bytes(), name

@@ -20,6 +20,7 @@ import html
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -380,6 +381,22 @@ def plan_sweep(config: SweepConfig, redo: Sequence[str] = ()) -> list[PlanItem]:
     return items
 
 
+@contextmanager
+def cpu_threads(threads: int | None):
+    """torch's CPU threads set to ``threads`` (None: torch's default), and the BLAS of numpy and scipy (OpenBLAS)
+    held to the same count while the context lasts. Left alone, OpenBLAS runs one thread per core for every small
+    product and eigendecomposition of the statistics, and a thread that spins waiting for a core another job holds
+    costs more than it brings: a bootstrap of PCA shares ran 8-10x slower in wall time at two BLAS threads than at
+    one beside a one-thread sweep on the shared 2-core machine (docs/performance.md)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    if threads:
+        torch.set_num_threads(threads)
+    with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
+        yield
+
+
 @dataclass
 class Estimate:
     """A dry run's time estimate: per probe, seconds and where they come from (a probe with neither is untimed)."""
@@ -400,8 +417,6 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, f
     model): a short forward (after a warm-up) of the first prompts of the activation set that needs the most
     forwards, batched as a sweep batches them; nothing is written. None when no set of the sweep's model needs
     collecting (nothing to time)."""
-    import torch
-
     from ..model.collect import collect
     from ..model.loading import load_model
 
@@ -409,17 +424,16 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, f
     if not sets:
         return None
     big = max(sets, key=lambda i: i.forwards)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    t = time.perf_counter()
-    model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision,
-                       allow_pickle=config.allow_pickle)
-    load = time.perf_counter() - t
-    ids = big.sample
-    collect(model, ids[:2], progress=False)  # warm-up
-    t = time.perf_counter()
-    collect(model, ids, progress=False, batch_size=config.batch_size)
-    seconds = (time.perf_counter() - t) / len(ids)
+    with cpu_threads(config.threads):
+        t = time.perf_counter()
+        model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision,
+                           allow_pickle=config.allow_pickle)
+        load = time.perf_counter() - t
+        ids = big.sample
+        collect(model, ids[:2], progress=False)  # warm-up
+        t = time.perf_counter()
+        collect(model, ids, progress=False, batch_size=config.batch_size)
+        seconds = (time.perf_counter() - t) / len(ids)
     mean_len = sum(map(len, ids)) / len(ids)
     return seconds, (f"{seconds * 1000:.0f} ms per prompt, timed on {len(ids)} prompts of {big.what.split(':')[0]} "
                      f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load
@@ -483,8 +497,6 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     model: an already loaded bridge for ``config.model`` (saves a second load in a notebook). redo: probe names to
     recompute (with their activation sets) even when cached.
     """
-    import torch
-
     probes = load_probes(config)
     folder = run_folder(config)
     run = Run(folder, config)
@@ -495,7 +507,8 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
     finished = 0
     try:
-        with working_in(folder):  # other processes may work on this cell too (stale temp files are removed first)
+        # other processes may work on this cell too (stale temp files are removed first)
+        with working_in(folder), cpu_threads(config.threads):
             # config.yaml and run.json (the report's probe list) describe the last sweep that finished; a failing
             # sweep leaves a finished folder's as they were
             if not (folder / "run.json").exists():
@@ -504,8 +517,6 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
             recorded = _record_text(folder)
             if not (folder / "env.json").exists():
                 write_json(folder / "env.json", environment(config.seed))
-            if config.threads:
-                torch.set_num_threads(config.threads)
             views_current = (folder / "report.html").exists()
             try:
                 eta = ETA(probes, folder)
