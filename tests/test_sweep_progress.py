@@ -103,3 +103,29 @@ def test_blas_follows_torch_threads_and_changes_no_row(tiny_dirs, tmp_path, monk
     for name in names:
         assert (held / "probes" / name / "rows.json").read_bytes() == \
             (free / "probes" / name / "rows.json").read_bytes(), name
+
+
+def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_path):
+    """A shipped recipe as shipped is estimated from ``REFERENCE_SECONDS`` scaled by this machine's forward against
+    the reference forward (a wind tunnel's on any model); overridden, it falls back to its forwards. The progress ETA
+    takes the reference seconds times the pace of the probes this run has computed."""
+    from interp_bayes.run.sweep import (ETA, REFERENCE_FORWARD, REFERENCE_SECONDS, estimate, load_probe, plan_sweep)
+
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
+                         probes=["decoding_windtunnel", "windtunnel"])
+    est = estimate(config, plan_sweep(config), per_forward=2 * REFERENCE_FORWARD)
+    assert est.source == dict(decoding_windtunnel="reference", windtunnel="reference")
+    assert est.seconds["windtunnel"] == 2 * REFERENCE_SECONDS["windtunnel"]
+    edited = config.override(overrides=dict(windtunnel=dict(n_boot=10)))
+    est = estimate(edited, plan_sweep(edited), per_forward=2 * REFERENCE_FORWARD)
+    assert est.source["windtunnel"] == "throughput" and est.source["decoding_windtunnel"] == "reference"
+
+    probes = [load_probe("windtunnel"), load_probe("decoding_windtunnel"), load_probe("keys")]
+    eta = ETA(probes, tmp_path / "nothing-here", model="some-model")  # keys: not on a tunnel, not the reference model
+    refs = REFERENCE_SECONDS["windtunnel"] + REFERENCE_SECONDS["decoding_windtunnel"]
+    assert eta.remaining() == refs + refs / 2  # keys: the mean of the two others
+    eta.t_probe -= 3 * REFERENCE_SECONDS["windtunnel"]  # windtunnel took three times its reference
+    eta.done(probes[0], cached=False)
+    rd, rw = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"]
+    # decoding_windtunnel at the pace of three; keys the mean of that and windtunnel's measured time
+    assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)

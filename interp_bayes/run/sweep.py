@@ -397,18 +397,50 @@ def cpu_threads(threads: int | None):
         yield
 
 
+# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds), and the dry run's calibration
+# forward of that session (seconds per prompt): the cost of a probe never run under --out, relative to one forward of
+# the sweep's model, analyses, wind tunnels and sequential stopping included (docs/performance.md, "Estimates").
+REFERENCE_MODEL = "smollm2-135m"
+REFERENCE_FORWARD = 0.261
+REFERENCE_SECONDS = dict(
+    axis=32.2, decoding=26.0, decoding_windtunnel=1.8, decoding_windtunnel_hmm=5.7, decoding_windtunnel_replacement=2.7,
+    entropy_neurons=206.9, entropy_neurons_windtunnel=90.7, entropy_neurons_windtunnel_replacement=181.0,
+    focusing=112.6, icl=336.0, keys=1.8, manifold_code=61.9, manifold_math=66.2, manifold_mixed=33.7, martingale=39.0,
+    martingale_windtunnel=20.0, martingale_windtunnel_replacement=20.0, windtunnel=13.0, windtunnel_hmm=28.0,
+    windtunnel_replacement=16.0, interventions=980.0)
+
+
+def reference_seconds(probe: Probe, model: str) -> float | None:
+    """``REFERENCE_SECONDS`` of ``probe`` when it is that built-in recipe with its parameters as shipped (an edited or
+    overridden recipe: None) and runs on the reference model or on a wind tunnel (whose cost does not depend on the
+    sweep's model); None otherwise."""
+    seconds = REFERENCE_SECONDS.get(probe.name)
+    if seconds is None:
+        return None
+    try:
+        shipped = load_probe(probe.name)
+    except ConfigError:
+        return None
+    if shipped.kind.name != probe.kind.name or shipped.params != probe.params:
+        return None
+    on_tunnel = getattr(probe.params, "tunnel", None) is not None
+    return seconds if on_tunnel or model == REFERENCE_MODEL else None
+
+
 @dataclass
 class Estimate:
     """A dry run's time estimate: per probe, seconds and where they come from (a probe with neither is untimed)."""
 
     seconds: dict[str, float]
-    source: dict[str, str]  # probe -> "recorded" (an earlier run under --out) or "throughput"
+    source: dict[str, str]  # probe -> "recorded" (an earlier run under --out), "reference" or "throughput"
     per_forward: float | None  # seconds per prompt forward of the sweep's model, measured now
     calibration: str = ""
     load: float = 0.0  # seconds to load the sweep's model, measured now: paid once by the probes timed from it
 
     @property
     def total(self) -> float:
+        """The probes' seconds, and the model's load where only forwards time them (a recorded or reference stage
+        holds the load when it was the first to need the model)."""
         return sum(self.seconds.values()) + (self.load if "throughput" in self.source.values() else 0.0)
 
 
@@ -442,18 +474,24 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, f
 def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | None = None,
              calibration: str = "", load: float = 0.0) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
-    ``--out`` (its stage.json), else its prompt forwards on the sweep's model times ``per_forward`` (wind-tunnel
-    forwards, on models of a few thousand parameters, count as nothing); without either, a probe is untimed."""
+    ``--out`` (its stage.json); else, with ``per_forward`` measured, a shipped recipe's ``REFERENCE_SECONDS`` scaled
+    by this machine's forward against the reference one (analyses, wind tunnels and draws stopped early included),
+    or any other probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel
+    forwards not counted, and capped draws counted to their cap); without either, a probe is untimed."""
     folder = run_folder(config)
-    probes = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
+    probes = {p.name: p for p in load_probes(config)}
+    todo = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
     seconds, source = {}, {}
-    for probe in probes:
-        recorded = recorded_seconds(folder, probe.probe)
+    for item in todo:
+        recorded = recorded_seconds(folder, item.probe)
+        reference = reference_seconds(probes[item.probe], config.model) if item.probe in probes else None
         if recorded is not None:
-            seconds[probe.probe], source[probe.probe] = recorded, "recorded"
+            seconds[item.probe], source[item.probe] = recorded, "recorded"
+        elif per_forward is not None and reference is not None:
+            seconds[item.probe], source[item.probe] = reference * per_forward / REFERENCE_FORWARD, "reference"
         elif per_forward is not None:
-            forwards = sum(i.forwards for i in items if i.probe == probe.probe and not i.model)
-            seconds[probe.probe], source[probe.probe] = forwards * per_forward, "throughput"
+            forwards = sum(i.forwards for i in items if i.probe == item.probe and not i.model)
+            seconds[item.probe], source[item.probe] = forwards * per_forward, "throughput"
     return Estimate(seconds, source, per_forward, calibration, load)
 
 
@@ -519,7 +557,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 write_json(folder / "env.json", environment(config.seed))
             views_current = (folder / "report.html").exists()
             try:
-                eta = ETA(probes, folder)
+                eta = ETA(probes, folder, config.model)
                 for i, probe in enumerate(probes, start=1):
                     check_stop()
                     pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
@@ -577,21 +615,31 @@ def recorded_seconds(folder: Path, name: str) -> float | None:
 class ETA:
     """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
-    same model under ``--out``); one never computed here counts as the mean of those known and of the probes this
-    run has computed so far."""
+    same model under ``--out``); one never computed here takes its ``reference_seconds`` times the pace of this run
+    (the seconds of the probes it has computed over their reference seconds; 1 before the first), else the mean of
+    the others."""
 
-    def __init__(self, probes: list, folder: Path) -> None:
-        self.left = {p.name: 0.0 if stage_problem(folder / "probes" / p.name, p.key()) is None  # cached
-                     else recorded_seconds(folder, p.name) for p in probes}
+    def __init__(self, probes: list, folder: Path, model: str = "") -> None:
+        self.left, self.reference = {}, {}
+        for p in probes:
+            if stage_problem(folder / "probes" / p.name, p.key()) is None:  # cached
+                self.left[p.name] = 0.0
+                continue
+            self.left[p.name] = recorded_seconds(folder, p.name)
+            if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:
+                self.reference[p.name] = ref
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
+        self.paced = [0.0, 0.0]  # seconds and reference seconds of this run's probes that have a reference
 
     def remaining(self) -> float | None:
-        known = [s for s in self.left.values() if s is not None and s > 0] + self.measured
+        pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else 1.0
+        left = {n: self.reference[n] * pace if s is None and n in self.reference else s for n, s in self.left.items()}
+        known = [s for s in left.values() if s is not None and s > 0] + self.measured
         if not known:
-            return 0.0 if all(s == 0 for s in self.left.values()) else None
+            return 0.0 if all(s == 0 for s in left.values()) else None
         mean = sum(known) / len(known)
-        return sum(s if s is not None else mean for s in self.left.values())
+        return sum(s if s is not None else mean for s in left.values())
 
     def start(self, i: int, probe, say) -> None:
         left = self.remaining()
@@ -602,7 +650,11 @@ class ETA:
     def done(self, probe, cached: bool) -> None:
         self.left.pop(probe.name, None)
         if not cached:
-            self.measured.append(time.perf_counter() - self.t_probe)
+            seconds = time.perf_counter() - self.t_probe
+            self.measured.append(seconds)
+            if probe.name in self.reference:
+                self.paced[0] += seconds
+                self.paced[1] += self.reference[probe.name]
 
 
 def _duration(seconds: float) -> str:
