@@ -53,8 +53,9 @@ def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path)
     est = estimate(config, items, per_forward=0.5)
     assert est.seconds == {name: 0.5 * n for name, n in per_probe.items()} and set(est.source.values()) == \
         {"throughput"}
-    seconds, how, load = calibrate(config, items)
+    seconds, how, load, pace = calibrate(config, items)
     assert 0 < seconds < 60 and "ms per prompt" in how and 0 < load < 60 and "to load the model" in how
+    assert pace is None  # the pace against the reference forward is measured on the reference model only
     assert not (tmp_path / "runs").exists()  # the plan and the calibration wrote nothing
     run_sweep(config.override(probes=probes[:1]))  # an earlier run under --out records mixed's time
     other = config.override(seed=3)
@@ -106,18 +107,18 @@ def test_blas_follows_torch_threads_and_changes_no_row(tiny_dirs, tmp_path, monk
 
 
 def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_path):
-    """A shipped recipe as shipped is estimated from ``REFERENCE_SECONDS`` scaled by this machine's forward against
-    the reference forward (a wind tunnel's on any model); overridden, it falls back to its forwards. The progress ETA
+    """A shipped recipe as shipped is estimated from ``REFERENCE_SECONDS`` times this machine's pace against the
+    reference forward (a wind tunnel's on any model); overridden, it falls back to its forwards. The progress ETA
     takes the reference seconds times the pace of the probes this run has computed."""
-    from interp_bayes.run.sweep import (ETA, REFERENCE_FORWARD, REFERENCE_SECONDS, estimate, load_probe, plan_sweep)
+    from interp_bayes.run.sweep import ETA, REFERENCE_SECONDS, estimate, load_probe, plan_sweep
 
     config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
                          probes=["decoding_windtunnel", "windtunnel"])
-    est = estimate(config, plan_sweep(config), per_forward=2 * REFERENCE_FORWARD)
+    est = estimate(config, plan_sweep(config), per_forward=0.5, pace=2.0)
     assert est.source == dict(decoding_windtunnel="reference", windtunnel="reference")
     assert est.seconds["windtunnel"] == 2 * REFERENCE_SECONDS["windtunnel"]
     edited = config.override(overrides=dict(windtunnel=dict(n_boot=10)))
-    est = estimate(edited, plan_sweep(edited), per_forward=2 * REFERENCE_FORWARD)
+    est = estimate(edited, plan_sweep(edited), per_forward=0.5, pace=2.0)
     assert est.source["windtunnel"] == "throughput" and est.source["decoding_windtunnel"] == "reference"
 
     probes = [load_probe("windtunnel"), load_probe("decoding_windtunnel"), load_probe("keys")]

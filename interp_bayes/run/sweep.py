@@ -397,9 +397,9 @@ def cpu_threads(threads: int | None):
         yield
 
 
-# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds), and the dry run's calibration
-# forward of that session (seconds per prompt): the cost of a probe never run under --out, relative to one forward of
-# the sweep's model, analyses, wind tunnels and sequential stopping included (docs/performance.md, "Estimates").
+# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds), and the calibration forward
+# of the reference sample (``reference_pace``) in the same conditions, seconds per prompt: the cost of a probe never
+# run under --out, analyses, wind tunnels and sequential stopping included (docs/performance.md, "Estimates").
 REFERENCE_MODEL = "smollm2-135m"
 REFERENCE_FORWARD = 0.261
 REFERENCE_SECONDS = dict(
@@ -436,6 +436,7 @@ class Estimate:
     per_forward: float | None  # seconds per prompt forward of the sweep's model, measured now
     calibration: str = ""
     load: float = 0.0  # seconds to load the sweep's model, measured now: paid once by the probes timed from it
+    pace: float | None = None  # this machine's forward against the reference one (``reference_pace``)
 
     @property
     def total(self) -> float:
@@ -444,11 +445,12 @@ class Estimate:
         return sum(self.seconds.values()) + (self.load if "throughput" in self.source.values() else 0.0)
 
 
-def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, float] | None:
+def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, float, float | None] | None:
     """(seconds per prompt forward of the sweep's model on this machine, how it was timed, seconds to load the
-    model): a short forward (after a warm-up) of the first prompts of the activation set that needs the most
-    forwards, batched as a sweep batches them; nothing is written. None when no set of the sweep's model needs
-    collecting (nothing to time)."""
+    model, this machine's pace against the reference one or None): a short forward (after a warm-up) of the first
+    prompts of the activation set that needs the most forwards, batched as a sweep batches them; on the reference
+    model also the reference sample's (``reference_pace``). Nothing is written. None when no set of the sweep's model
+    needs collecting (nothing to time)."""
     from ..model.collect import collect
     from ..model.loading import load_model
 
@@ -466,18 +468,32 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, f
         t = time.perf_counter()
         collect(model, ids, progress=False, batch_size=config.batch_size)
         seconds = (time.perf_counter() - t) / len(ids)
+        pace = reference_pace(model, config) if config.model == REFERENCE_MODEL else None
     mean_len = sum(map(len, ids)) / len(ids)
     return seconds, (f"{seconds * 1000:.0f} ms per prompt, timed on {len(ids)} prompts of {big.what.split(':')[0]} "
-                     f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load
+                     f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load, pace
+
+
+def reference_pace(model, config: SweepConfig) -> float:
+    """Seconds per prompt of the reference sample (the first ``CALIBRATION_PROMPTS`` prompts of the built-in pool,
+    batched as a sweep batches them) over ``REFERENCE_FORWARD``: how much slower than the reference this machine
+    runs now."""
+    from ..core.prompts import load_source
+    from ..model.collect import collect
+
+    texts = list(load_source("pool")["text"][:CALIBRATION_PROMPTS])
+    t = time.perf_counter()
+    collect(model, texts, progress=False, batch_size=config.batch_size)
+    return (time.perf_counter() - t) / len(texts) / REFERENCE_FORWARD
 
 
 def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | None = None,
-             calibration: str = "", load: float = 0.0) -> Estimate:
+             calibration: str = "", load: float = 0.0, pace: float | None = None) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
-    ``--out`` (its stage.json); else, with ``per_forward`` measured, a shipped recipe's ``REFERENCE_SECONDS`` scaled
-    by this machine's forward against the reference one (analyses, wind tunnels and draws stopped early included),
-    or any other probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel
-    forwards not counted, and capped draws counted to their cap); without either, a probe is untimed."""
+    ``--out`` (its stage.json); else a shipped recipe's ``REFERENCE_SECONDS`` times this machine's ``pace`` (1 when
+    unknown; analyses, wind tunnels and draws stopped early included); else, with ``per_forward`` measured, the
+    probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel forwards not
+    counted, and capped draws counted to their cap); without either, a probe is untimed."""
     folder = run_folder(config)
     probes = {p.name: p for p in load_probes(config)}
     todo = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
@@ -487,12 +503,12 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
         reference = reference_seconds(probes[item.probe], config.model) if item.probe in probes else None
         if recorded is not None:
             seconds[item.probe], source[item.probe] = recorded, "recorded"
-        elif per_forward is not None and reference is not None:
-            seconds[item.probe], source[item.probe] = reference * per_forward / REFERENCE_FORWARD, "reference"
+        elif reference is not None:
+            seconds[item.probe], source[item.probe] = reference * (pace or 1.0), "reference"
         elif per_forward is not None:
             forwards = sum(i.forwards for i in items if i.probe == item.probe and not i.model)
             seconds[item.probe], source[item.probe] = forwards * per_forward, "throughput"
-    return Estimate(seconds, source, per_forward, calibration, load)
+    return Estimate(seconds, source, per_forward, calibration, load, pace)
 
 
 def _create(folder: Path) -> Path | None:
