@@ -397,17 +397,20 @@ def cpu_threads(threads: int | None):
         yield
 
 
-# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds), and the calibration forward
-# of the reference sample (``reference_pace``) in the same conditions, seconds per prompt: the cost of a probe never
-# run under --out, analyses, wind tunnels and sequential stopping included (docs/performance.md, "Estimates").
+# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds; the first stage to need the
+# model holds its load), and the reference sample's seconds per prompt (``reference_pace``) in the same conditions:
+# the cost of a probe never run under --out, analyses, wind tunnels and sequential stopping included. Measured on the
+# shared 2-core machine at load average 9-14, 2026-12-03; interventions derived, not measured (docs/performance.md,
+# "Estimates", which says how to measure them again).
 REFERENCE_MODEL = "smollm2-135m"
-REFERENCE_FORWARD = 0.261
+REFERENCE_FORWARD = 0.75
 REFERENCE_SECONDS = dict(
-    axis=32.2, decoding=26.0, decoding_windtunnel=1.8, decoding_windtunnel_hmm=5.7, decoding_windtunnel_replacement=2.7,
-    entropy_neurons=206.9, entropy_neurons_windtunnel=90.7, entropy_neurons_windtunnel_replacement=181.0,
-    focusing=112.6, icl=336.0, keys=1.8, manifold_code=61.9, manifold_math=66.2, manifold_mixed=33.7, martingale=39.0,
-    martingale_windtunnel=20.0, martingale_windtunnel_replacement=20.0, windtunnel=13.0, windtunnel_hmm=28.0,
-    windtunnel_replacement=16.0, interventions=980.0)
+    axis=131.1, decoding=113.3, decoding_windtunnel=5.3, decoding_windtunnel_hmm=18.9,
+    decoding_windtunnel_replacement=12.6, entropy_neurons=579.0, entropy_neurons_windtunnel=128.9,
+    entropy_neurons_windtunnel_replacement=176.8, focusing=88.8, icl=772.2, keys=8.8, manifold_code=12.9,
+    manifold_math=9.2, manifold_mixed=10.7, martingale=433.0, martingale_windtunnel=32.7,
+    martingale_windtunnel_replacement=37.7, windtunnel=93.0, windtunnel_hmm=220.0, windtunnel_replacement=90.0,
+    interventions=1750.0)
 
 
 def reference_seconds(probe: Probe, model: str) -> float | None:
