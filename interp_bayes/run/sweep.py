@@ -409,7 +409,7 @@ REFERENCE_SECONDS = dict(
     decoding_windtunnel_replacement=12.6, entropy_neurons=579.0, entropy_neurons_windtunnel=128.9,
     entropy_neurons_windtunnel_replacement=176.8, focusing=88.8, icl=772.2, keys=8.8, manifold_code=12.9,
     manifold_math=9.2, manifold_mixed=10.7, martingale=433.0, martingale_windtunnel=32.7,
-    martingale_windtunnel_replacement=37.7, windtunnel=93.0, windtunnel_hmm=220.0, windtunnel_replacement=90.0,
+    martingale_windtunnel_replacement=37.7, windtunnel=93.0, windtunnel_hmm=220.0, windtunnel_replacement=206.2,
     interventions=1750.0)
 
 
