@@ -96,7 +96,7 @@ def _print_plan(items, config) -> int:
     disk = sum(i.disk_bytes for i in items)
     est = estimate(config, items)
     to_run = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached]
-    if any(p not in est.seconds for p in to_run):  # no earlier run to read their time from: time the model here
+    if any(est.source.get(p) != "recorded" for p in to_run):  # no earlier run to read their time from: time here
         measured = calibrate(config, items)
         if measured is not None:
             est = estimate(config, items, *measured)
@@ -115,9 +115,13 @@ def _print_plan(items, config) -> int:
     if not est.seconds:
         print("estimated time: none" + (f"; {left}" if left else " (everything is cached)"))
         return 0
-    how = "; ".join(filter(None, [f"{sum(v == 'recorded' for v in est.source.values())} probe(s) as long as an "
-                                  "earlier run under --out took" if "recorded" in est.source.values() else "",
-                                  f"the rest at {est.calibration}" if est.per_forward else "", left]))
+    sources = list(est.source.values())
+    paced = f" x {est.pace:.2f} (this machine's pace)" if est.pace else " (pace not measured)"
+    how = "; ".join(filter(None, [f"{sources.count('recorded')} probe(s) as long as an earlier run under --out took"
+                                  if "recorded" in sources else "",
+                                  f"{sources.count('reference')} shipped recipe(s) at their reference seconds{paced}"
+                                  if "reference" in sources else "",
+                                  f"the rest at {est.calibration}" if "throughput" in sources else "", left]))
     print(f"estimated time: about {est.total / 60:.1f} min" + (f" ({how})" if how else ""))
     return 0
 

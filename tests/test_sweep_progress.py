@@ -53,10 +53,80 @@ def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path)
     est = estimate(config, items, per_forward=0.5)
     assert est.seconds == {name: 0.5 * n for name, n in per_probe.items()} and set(est.source.values()) == \
         {"throughput"}
-    seconds, how, load = calibrate(config, items)
+    seconds, how, load, pace = calibrate(config, items)
     assert 0 < seconds < 60 and "ms per prompt" in how and 0 < load < 60 and "to load the model" in how
+    assert pace is None  # the pace against the reference forward is measured on the reference model only
     assert not (tmp_path / "runs").exists()  # the plan and the calibration wrote nothing
     run_sweep(config.override(probes=probes[:1]))  # an earlier run under --out records mixed's time
     other = config.override(seed=3)
     est = estimate(other, plan_sweep(other), per_forward=0.5)
     assert est.source["mixed"] == "recorded" and est.source["code"] == "throughput"
+
+
+def test_blas_follows_torch_threads_and_changes_no_row(tiny_dirs, tmp_path, monkeypatch):
+    """``cpu_threads`` holds numpy's and scipy's BLAS to torch's thread count during a sweep (two BLAS threads beside
+    a one-thread sweep ran the statistics 8-10x slower on shared cores) and restores it after; the rows of every
+    toy kind are byte-equal to those of the same sweep with BLAS at two threads."""
+    from contextlib import contextmanager
+
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from interp_bayes.model.testing import write_toy_recipes
+    from interp_bayes.run import sweep
+
+    def blas_threads() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    threads = torch.get_num_threads()
+    with threadpool_limits(limits=2, user_api="blas"):
+        with sweep.cpu_threads(1):
+            assert blas_threads() == {1} and torch.get_num_threads() == 1
+        assert blas_threads() == {2}
+    torch.set_num_threads(threads)
+
+    @contextmanager
+    def free_blas(n):  # the sweep before: torch's threads set, BLAS at two threads
+        torch.set_num_threads(n)
+        with threadpool_limits(limits=2, user_api="blas"):
+            yield
+
+    probes = write_toy_recipes(tmp_path / "probes")
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), prompts="basic", quiet=True, probes=probes, threads=1)
+    try:
+        held = run_sweep(config.override(out=str(tmp_path / "held"))).folder
+        monkeypatch.setattr(sweep, "cpu_threads", free_blas)
+        free = run_sweep(config.override(out=str(tmp_path / "free"))).folder
+    finally:
+        torch.set_num_threads(threads)
+    names = sorted(p.parent.name for p in held.glob("probes/*/rows.json"))
+    assert len(names) >= 5
+    for name in names:
+        assert (held / "probes" / name / "rows.json").read_bytes() == \
+            (free / "probes" / name / "rows.json").read_bytes(), name
+
+
+def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_path):
+    """A shipped recipe as shipped is estimated from ``REFERENCE_SECONDS`` times this machine's pace against the
+    reference forward (a wind tunnel's on any model); overridden, it falls back to its forwards. The progress ETA
+    takes the reference seconds times the pace of the probes this run has computed."""
+    from interp_bayes.run.sweep import ETA, REFERENCE_SECONDS, estimate, load_probe, plan_sweep
+
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
+                         probes=["decoding_windtunnel", "windtunnel"])
+    est = estimate(config, plan_sweep(config), per_forward=0.5, pace=2.0)
+    assert est.source == dict(decoding_windtunnel="reference", windtunnel="reference")
+    assert est.seconds["windtunnel"] == 2 * REFERENCE_SECONDS["windtunnel"]
+    edited = config.override(overrides=dict(windtunnel=dict(n_boot=10)))
+    est = estimate(edited, plan_sweep(edited), per_forward=0.5, pace=2.0)
+    assert est.source["windtunnel"] == "throughput" and est.source["decoding_windtunnel"] == "reference"
+
+    probes = [load_probe("windtunnel"), load_probe("decoding_windtunnel"), load_probe("keys")]
+    eta = ETA(probes, tmp_path / "nothing-here", model="some-model")  # keys: not on a tunnel, not the reference model
+    refs = REFERENCE_SECONDS["windtunnel"] + REFERENCE_SECONDS["decoding_windtunnel"]
+    assert eta.remaining() == refs + refs / 2  # keys: the mean of the two others
+    eta.t_probe -= 3 * REFERENCE_SECONDS["windtunnel"]  # windtunnel took three times its reference
+    eta.done(probes[0], cached=False)
+    rd, rw = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"]
+    # decoding_windtunnel at the pace of three; keys the mean of that and windtunnel's measured time
+    assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)

@@ -20,6 +20,7 @@ import html
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -380,28 +381,79 @@ def plan_sweep(config: SweepConfig, redo: Sequence[str] = ()) -> list[PlanItem]:
     return items
 
 
+@contextmanager
+def cpu_threads(threads: int | None):
+    """torch's CPU threads set to ``threads`` (None: torch's default), and the BLAS of numpy and scipy (OpenBLAS)
+    held to the same count while the context lasts. Left alone, OpenBLAS runs one thread per core for every small
+    product and eigendecomposition of the statistics, and a thread that spins waiting for a core another job holds
+    costs more than it brings: a bootstrap of PCA shares ran 8-10x slower in wall time at two BLAS threads than at
+    one beside a one-thread sweep on the shared 2-core machine (docs/performance.md)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    if threads:
+        torch.set_num_threads(threads)
+    with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
+        yield
+
+
+# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds; the first stage to need the
+# model holds its load), and the reference sample's seconds per prompt (``reference_pace``) in the same conditions:
+# the cost of a probe never run under --out, analyses, wind tunnels and sequential stopping included. Measured on the
+# shared 2-core machine at load average 9-14, 2026-12-03; interventions derived, not measured (docs/performance.md,
+# "Estimates", which says how to measure them again).
+REFERENCE_MODEL = "smollm2-135m"
+REFERENCE_FORWARD = 0.75
+REFERENCE_SECONDS = dict(
+    axis=131.1, decoding=113.3, decoding_windtunnel=5.3, decoding_windtunnel_hmm=18.9,
+    decoding_windtunnel_replacement=12.6, entropy_neurons=579.0, entropy_neurons_windtunnel=128.9,
+    entropy_neurons_windtunnel_replacement=176.8, focusing=88.8, icl=772.2, keys=8.8, manifold_code=12.9,
+    manifold_math=9.2, manifold_mixed=10.7, martingale=433.0, martingale_windtunnel=32.7,
+    martingale_windtunnel_replacement=37.7, windtunnel=93.0, windtunnel_hmm=220.0, windtunnel_replacement=206.2,
+    interventions=1750.0)
+
+
+def reference_seconds(probe: Probe, model: str) -> float | None:
+    """``REFERENCE_SECONDS`` of ``probe`` when it is that built-in recipe with its parameters as shipped (an edited or
+    overridden recipe: None) and runs on the reference model or on a wind tunnel (whose cost does not depend on the
+    sweep's model); None otherwise."""
+    seconds = REFERENCE_SECONDS.get(probe.name)
+    if seconds is None:
+        return None
+    try:
+        shipped = load_probe(probe.name)
+    except ConfigError:
+        return None
+    if shipped.kind.name != probe.kind.name or shipped.params != probe.params:
+        return None
+    on_tunnel = getattr(probe.params, "tunnel", None) is not None
+    return seconds if on_tunnel or model == REFERENCE_MODEL else None
+
+
 @dataclass
 class Estimate:
     """A dry run's time estimate: per probe, seconds and where they come from (a probe with neither is untimed)."""
 
     seconds: dict[str, float]
-    source: dict[str, str]  # probe -> "recorded" (an earlier run under --out) or "throughput"
+    source: dict[str, str]  # probe -> "recorded" (an earlier run under --out), "reference" or "throughput"
     per_forward: float | None  # seconds per prompt forward of the sweep's model, measured now
     calibration: str = ""
     load: float = 0.0  # seconds to load the sweep's model, measured now: paid once by the probes timed from it
+    pace: float | None = None  # this machine's forward against the reference one (``reference_pace``)
 
     @property
     def total(self) -> float:
+        """The probes' seconds, and the model's load where only forwards time them (a recorded or reference stage
+        holds the load when it was the first to need the model)."""
         return sum(self.seconds.values()) + (self.load if "throughput" in self.source.values() else 0.0)
 
 
-def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, float] | None:
+def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, float, float | None] | None:
     """(seconds per prompt forward of the sweep's model on this machine, how it was timed, seconds to load the
-    model): a short forward (after a warm-up) of the first prompts of the activation set that needs the most
-    forwards, batched as a sweep batches them; nothing is written. None when no set of the sweep's model needs
-    collecting (nothing to time)."""
-    import torch
-
+    model, this machine's pace against the reference one or None): a short forward (after a warm-up) of the first
+    prompts of the activation set that needs the most forwards, batched as a sweep batches them; on the reference
+    model also the reference sample's (``reference_pace``). Nothing is written. None when no set of the sweep's model
+    needs collecting (nothing to time)."""
     from ..model.collect import collect
     from ..model.loading import load_model
 
@@ -409,38 +461,57 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, f
     if not sets:
         return None
     big = max(sets, key=lambda i: i.forwards)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    t = time.perf_counter()
-    model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision,
-                       allow_pickle=config.allow_pickle)
-    load = time.perf_counter() - t
-    ids = big.sample
-    collect(model, ids[:2], progress=False)  # warm-up
-    t = time.perf_counter()
-    collect(model, ids, progress=False, batch_size=config.batch_size)
-    seconds = (time.perf_counter() - t) / len(ids)
+    with cpu_threads(config.threads):
+        t = time.perf_counter()
+        model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision,
+                           allow_pickle=config.allow_pickle)
+        load = time.perf_counter() - t
+        ids = big.sample
+        collect(model, ids[:2], progress=False)  # warm-up
+        t = time.perf_counter()
+        collect(model, ids, progress=False, batch_size=config.batch_size)
+        seconds = (time.perf_counter() - t) / len(ids)
+        pace = reference_pace(model, config) if config.model == REFERENCE_MODEL else None
     mean_len = sum(map(len, ids)) / len(ids)
     return seconds, (f"{seconds * 1000:.0f} ms per prompt, timed on {len(ids)} prompts of {big.what.split(':')[0]} "
-                     f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load
+                     f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load, pace
+
+
+def reference_pace(model, config: SweepConfig) -> float:
+    """Seconds per prompt of the reference sample (the first ``CALIBRATION_PROMPTS`` prompts of the built-in pool,
+    batched as a sweep batches them) over ``REFERENCE_FORWARD``: how much slower than the reference this machine
+    runs now."""
+    from ..core.prompts import load_source
+    from ..model.collect import collect
+
+    texts = list(load_source("pool")["text"][:CALIBRATION_PROMPTS])
+    t = time.perf_counter()
+    collect(model, texts, progress=False, batch_size=config.batch_size)
+    return (time.perf_counter() - t) / len(texts) / REFERENCE_FORWARD
 
 
 def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | None = None,
-             calibration: str = "", load: float = 0.0) -> Estimate:
+             calibration: str = "", load: float = 0.0, pace: float | None = None) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
-    ``--out`` (its stage.json), else its prompt forwards on the sweep's model times ``per_forward`` (wind-tunnel
-    forwards, on models of a few thousand parameters, count as nothing); without either, a probe is untimed."""
+    ``--out`` (its stage.json); else a shipped recipe's ``REFERENCE_SECONDS`` times this machine's ``pace`` (1 when
+    unknown; analyses, wind tunnels and draws stopped early included); else, with ``per_forward`` measured, the
+    probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel forwards not
+    counted, and capped draws counted to their cap); without either, a probe is untimed."""
     folder = run_folder(config)
-    probes = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
+    probes = {p.name: p for p in load_probes(config)}
+    todo = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
     seconds, source = {}, {}
-    for probe in probes:
-        recorded = recorded_seconds(folder, probe.probe)
+    for item in todo:
+        recorded = recorded_seconds(folder, item.probe)
+        reference = reference_seconds(probes[item.probe], config.model) if item.probe in probes else None
         if recorded is not None:
-            seconds[probe.probe], source[probe.probe] = recorded, "recorded"
+            seconds[item.probe], source[item.probe] = recorded, "recorded"
+        elif reference is not None:
+            seconds[item.probe], source[item.probe] = reference * (pace or 1.0), "reference"
         elif per_forward is not None:
-            forwards = sum(i.forwards for i in items if i.probe == probe.probe and not i.model)
-            seconds[probe.probe], source[probe.probe] = forwards * per_forward, "throughput"
-    return Estimate(seconds, source, per_forward, calibration, load)
+            forwards = sum(i.forwards for i in items if i.probe == item.probe and not i.model)
+            seconds[item.probe], source[item.probe] = forwards * per_forward, "throughput"
+    return Estimate(seconds, source, per_forward, calibration, load, pace)
 
 
 def _create(folder: Path) -> Path | None:
@@ -483,8 +554,6 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     model: an already loaded bridge for ``config.model`` (saves a second load in a notebook). redo: probe names to
     recompute (with their activation sets) even when cached.
     """
-    import torch
-
     probes = load_probes(config)
     folder = run_folder(config)
     run = Run(folder, config)
@@ -495,7 +564,8 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
     finished = 0
     try:
-        with working_in(folder):  # other processes may work on this cell too (stale temp files are removed first)
+        # other processes may work on this cell too (stale temp files are removed first)
+        with working_in(folder), cpu_threads(config.threads):
             # config.yaml and run.json (the report's probe list) describe the last sweep that finished; a failing
             # sweep leaves a finished folder's as they were
             if not (folder / "run.json").exists():
@@ -504,11 +574,9 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
             recorded = _record_text(folder)
             if not (folder / "env.json").exists():
                 write_json(folder / "env.json", environment(config.seed))
-            if config.threads:
-                torch.set_num_threads(config.threads)
             views_current = (folder / "report.html").exists()
             try:
-                eta = ETA(probes, folder)
+                eta = ETA(probes, folder, config.model)
                 for i, probe in enumerate(probes, start=1):
                     check_stop()
                     pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
@@ -566,21 +634,31 @@ def recorded_seconds(folder: Path, name: str) -> float | None:
 class ETA:
     """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
-    same model under ``--out``); one never computed here counts as the mean of those known and of the probes this
-    run has computed so far."""
+    same model under ``--out``); one never computed here takes its ``reference_seconds`` times the pace of this run
+    (the seconds of the probes it has computed over their reference seconds; 1 before the first), else the mean of
+    the others."""
 
-    def __init__(self, probes: list, folder: Path) -> None:
-        self.left = {p.name: 0.0 if stage_problem(folder / "probes" / p.name, p.key()) is None  # cached
-                     else recorded_seconds(folder, p.name) for p in probes}
+    def __init__(self, probes: list, folder: Path, model: str = "") -> None:
+        self.left, self.reference = {}, {}
+        for p in probes:
+            if stage_problem(folder / "probes" / p.name, p.key()) is None:  # cached
+                self.left[p.name] = 0.0
+                continue
+            self.left[p.name] = recorded_seconds(folder, p.name)
+            if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:
+                self.reference[p.name] = ref
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
+        self.paced = [0.0, 0.0]  # seconds and reference seconds of this run's probes that have a reference
 
     def remaining(self) -> float | None:
-        known = [s for s in self.left.values() if s is not None and s > 0] + self.measured
+        pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else 1.0
+        left = {n: self.reference[n] * pace if s is None and n in self.reference else s for n, s in self.left.items()}
+        known = [s for s in left.values() if s is not None and s > 0] + self.measured
         if not known:
-            return 0.0 if all(s == 0 for s in self.left.values()) else None
+            return 0.0 if all(s == 0 for s in left.values()) else None
         mean = sum(known) / len(known)
-        return sum(s if s is not None else mean for s in self.left.values())
+        return sum(s if s is not None else mean for s in left.values())
 
     def start(self, i: int, probe, say) -> None:
         left = self.remaining()
@@ -591,7 +669,11 @@ class ETA:
     def done(self, probe, cached: bool) -> None:
         self.left.pop(probe.name, None)
         if not cached:
-            self.measured.append(time.perf_counter() - self.t_probe)
+            seconds = time.perf_counter() - self.t_probe
+            self.measured.append(seconds)
+            if probe.name in self.reference:
+                self.paced[0] += seconds
+                self.paced[1] += self.reference[probe.name]
 
 
 def _duration(seconds: float) -> str:
