@@ -60,7 +60,7 @@ _EXPORTS = {
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 
 def __getattr__(name: str):
