@@ -142,3 +142,29 @@ def test_model_site_replays_the_clean_forward(tmp_path, reading):
     with torch.no_grad():
         lp = interchange(site, base, src, full)[0]
     assert torch.allclose(lp, site.clean_logp()[src], atol=1e-5)
+
+
+def test_kind_runs_on_a_wind_tunnel_through_the_sweep(tmp_path):
+    """The kind end to end on bijection-repl-cpu at a small size: its rows (per layer and d, with the null and the
+    test), its two ledger claims and its figure."""
+    from interp_bayes.core.results import select
+    from interp_bayes.kinds.causal_subspace import ledger
+    from interp_bayes.model.testing import make_tiny_model
+    from interp_bayes.report.view import RunView
+    from interp_bayes.run.config import SweepConfig
+    from interp_bayes.run.sweep import run_sweep
+
+    make_tiny_model("llama3", tmp_path / "m")
+    (tmp_path / "cs.yaml").write_text(
+        "kind: causal_subspace\ntunnel: bijection-repl-cpu\nlayers: [-1]\nds: [1, 2]\ntargets: [bayes]\n"
+        "n_sequences: 6\nsteps: 5\nn_null: 50\nn_angle_null: 50\nn_boot: 50\n")
+    run = run_sweep(SweepConfig(model=str(tmp_path / "m"), out=str(tmp_path / "runs"), quiet=True,
+                                probes=[str(tmp_path / "cs.yaml")]))
+    iia = select(run.rows, "iia")
+    assert sorted(r.scope["d"] for r in iia) == [1, 2] and {r.scope["layer"] for r in iia} == {1}
+    assert all(r.test["draws"] <= 50 and r.low <= r.value <= r.high for r in iia)
+    assert len(select(run.rows, "angle_pc1")) == 2 and len(select(run.rows, "training_cpu_seconds")) == 1
+    claims = ledger(RunView.load(run.folder).probes("causal_subspace"))
+    assert [c.key for c in claims] == ["causal-subspace", "subspace-apart"]
+    assert all(c.subject == "bijection-repl-cpu" for c in claims)
+    assert "fig-causal-subspace-cs" in (run.folder / "report.html").read_text()

@@ -222,7 +222,8 @@ def ledger(probes) -> list:
         angles = [next(iter(select(pr.rows, f"angle_{a}", **at)), None) for a in ("pc1", "ridge")]
         out.append(Claim("subspace-apart", "That subspace is apart from the entropy axis (angles no smaller than "
                          "random)", L.worst(L.not_beyond_null(a, "below") for a in angles),
-                         "; ".join(f"{name} {L.fmt(a)}°" for name, a in zip(("PC1", "ridge"), angles)) + f" ({loc})",
+                         "; ".join(f"to {name} {L.fmt(a)} (degrees)" for name, a in zip(("PC1", "ridge"), angles))
+                         + f" ({loc})",
                          subject=where, rival=True, section=section))
     return out
 
