@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..core.results import Row
+from ..core.stop import check_stop
 from ..stats import as_float64, bootstrap_ratio, group_folds, interval, sequential_test
 
 LN2 = math.log(2.0)
@@ -128,6 +129,7 @@ def interchange(site: Site, base: np.ndarray, source: np.ndarray, bases: torch.T
     out = [None] * len(base)
     batch = site.batch_of()[base]
     for j in np.unique(batch):
+        check_stop()  # a SIGTERM stops here, between forwards
         where = np.flatnonzero(batch == j)
         b, s = base[where], source[where]
         hb, hs = site.h[b], site.h[s]  # [m, dim]
