@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import re
+import shutil
 
 import pytest
 
@@ -94,6 +95,16 @@ def test_a_snapshot_holds_the_rows_the_verdicts_and_the_recipes(runs, tmp_path, 
     meta = read_json(out / "snapshot.json")
     assert meta["run"] == first.name and meta["seed"] == 0
     assert sorted(p["name"] for p in meta["probes"]) == sorted(TOY_PROBES)
+    # the version and commit that computed the stages, not those of the folder's first sweep (env.json)
+    from interp_bayes import __version__
+    from interp_bayes.core.store import git_commit
+    assert meta["package"] == __version__ and meta["git_commit"] == git_commit()
+    mixed = tmp_path / "mixed" / first.parent.name / first.name
+    shutil.copytree(first, mixed)
+    stage = mixed / "probes" / next(iter(TOY_PROBES)) / "stage.json"
+    stage.write_text(json.dumps(dict(json.loads(stage.read_text()), package="0.0.1")))  # an older version's stage
+    assert cli.main(["results", str(mixed), "--snapshot", str(tmp_path / "snap2")]) == 0
+    assert read_json(tmp_path / "snap2" / "snapshot.json")["package"] == sorted(["0.0.1", __version__])
     assert (out / "docs.yaml").read_text() == "kept: {}\n"
     capsys.readouterr()
     empty = tmp_path / "empty"

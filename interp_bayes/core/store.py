@@ -299,7 +299,8 @@ def content_key(*parts) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The checkout's commit of this package (None outside a git checkout)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
                              timeout=5)
@@ -321,5 +322,5 @@ def environment(seed: int | None = None) -> dict:
     return dict(
         time=datetime.now(timezone.utc).isoformat(timespec="seconds"), python=sys.version.split()[0],
         platform=platform.platform(), packages=versions, torch_threads=torch.get_num_threads(),
-        cuda=torch.cuda.is_available(), git_commit=_git_commit(), seed=seed,
+        cuda=torch.cuda.is_available(), git_commit=git_commit(), seed=seed,
     )

@@ -48,8 +48,10 @@ def write_snapshot(run_folder: str | Path, folder: str | Path) -> list[Path]:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(LEDGER_COLUMNS)
     writer.writerows([c.subject, c.key, c.claim, c.verdict, c.evidence] for c in claims)
-    meta = dict(model=run.name, seed=run.config.get("seed"), package=run.env.get("packages", {}).get("interp_bayes"),
-                git_commit=run.env.get("git_commit"), run=run.folder.name,
+    # provenance from the stages themselves: a run folder's env.json is written by its first sweep, and a later
+    # version may have computed some or all of its stages since
+    meta = dict(model=run.name, seed=run.config.get("seed"), package=_one_or_all(p.package for p in run.probes()),
+                git_commit=_one_or_all(p.git_commit for p in run.probes()), run=run.folder.name,
                 probes=[dict(name=p.name, kind=p.kind, params=p.params, seconds=round(p.seconds or 0, 1))
                         for p in run.probes()])
     folder = Path(folder)
@@ -233,3 +235,9 @@ def add_docs_arguments(p) -> None:
     p.add_argument("files", nargs="+", help="markdown files with <!-- snapshot NAME/ENTRY --> markers")
     p.add_argument("--snapshots", help="folder of the snapshots NAME/ (default: snapshots/ beside each file)")
     p.add_argument("--check", action="store_true", help="write nothing; name the markers whose text differs, exit 1")
+
+
+def _one_or_all(values):
+    """The one value the probes share, else the sorted list of what they hold (a mixed run shows as mixed)."""
+    found = sorted({v for v in values if v is not None})
+    return found[0] if len(found) == 1 else (found or None)

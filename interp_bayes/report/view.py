@@ -45,6 +45,8 @@ class ProbeView:
     kind_module: str = ""  # what to import to get the kind back (``kinds.provenance``): file, module or entry point
     kind_from: str = ""  # which of those it is
     load_error: str = ""  # why the kind could not be loaded here (set by ``kind_object``)
+    package: str | None = None  # the interp_bayes version that computed it (stage.json)
+    git_commit: str | None = None  # and its commit (stage.json; None before 0.7.0 or outside a checkout)
 
     @cached_property
     def data(self) -> dict:
@@ -118,7 +120,8 @@ class RunView:
             if rows_path.exists():
                 found[stage.parent.name] = ProbeView(stage.parent.name, s["kind"], s.get("params", {}), stage.parent,
                                                      s.get("seconds"), read_rows(rows_path), s.get("kind_ref", ""),
-                                                     s.get("kind_module", ""), s.get("kind_from", ""))
+                                                     s.get("kind_module", ""), s.get("kind_from", ""),
+                                                     package=s.get("package"), git_commit=s.get("git_commit"))
         ordered = [found.pop(n) for n in self.order if n in found]
         return ordered + [found[n] for n in sorted(found)]
 

@@ -35,7 +35,8 @@ from ..core.prompts import package_data_dir
 from ..core.results import Row, write_rows
 from ..core.stop import check_stop
 from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
-    environment, inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in, write_json)
+    environment, git_commit, inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in,
+    write_json)
 
 PROBES_DIR = package_data_dir("probes")
 
@@ -714,7 +715,8 @@ def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None
         # finished; kind_module / kind_from say what a fresh `interp-bayes report` imports to get a plugin kind back
         seal(tmp, "stage.json", dict(key=probe.key(), kind=probe.kind.name, kind_ref=probe.kind_ref,
                                      **provenance(probe.kind), version=probe.kind.version,
-                                     params=probe.params.to_dict(), package=__version__, seconds=seconds))
+                                     params=probe.params.to_dict(), package=__version__, git_commit=git_commit(),
+                                     seconds=seconds))
     ctx.say(f"[done] {probe.name} in {seconds:.1f}s")
 
 
