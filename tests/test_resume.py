@@ -77,7 +77,8 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not list(killed_out.glob("*/*/probes/*/stage.json")):
+        # a finished stage: sealed and renamed into place (a stage is sealed inside its hidden temporary folder first)
+        while not [p for p in killed_out.glob("*/*/probes/*/stage.json") if not p.parent.name.startswith(".")]:
             assert first.poll() is None, f"the sweep exited ({first.returncode}) before any probe finished: " \
                                          f"{first.stderr.read()}"
             assert time.monotonic() < deadline, "no probe finished in time"
@@ -91,7 +92,7 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
 
     (folder,) = killed_out.glob("*/*")
     finished = {p.parent.name: {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in p.parent.iterdir()}
-                for p in folder.glob("probes/*/stage.json")}
+                for p in folder.glob("probes/*/stage.json") if not p.parent.name.startswith(".")}
     assert len(finished) < len(PROBES), "the kill landed after the sweep finished: make later probes heavier"
     assert "keys" in finished and set(finished) < set(PROBES), sorted(finished)
     leftovers_at_kill = sorted(str(p.relative_to(folder)) for p in folder.rglob(".*"))
