@@ -14,6 +14,7 @@ Layout of a run folder ``<out>/<model slug>/<run key>/``:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -299,8 +300,10 @@ def content_key(*parts) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
 def git_commit() -> str | None:
-    """The checkout's commit of this package (None outside a git checkout)."""
+    """The checkout's commit of this package (None outside a git checkout), looked up once per process: every
+    stage a sweep seals records it, and the code a process runs is the code it first found."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
                              timeout=5)
