@@ -1,5 +1,5 @@
-"""The experiments that became kinds (issue 38, item 4: ``p4b``, ``tunnel_geometry``): their rows give the numbers
-and verdicts the functions before the move gave, on the committed checkpoints.
+"""The experiments that became kinds (issue 38, item 4: ``p4b``, ``tunnel_geometry``, ``belief``): their rows give
+the numbers and verdicts the functions before the move gave, on the committed checkpoints.
 
 ``tests/data/tunnel_kinds_rows.json`` holds the outputs of the functions before the move (commit 51baa47:
 ``analyses.p4b.p4b`` on bijection-repl-cpu with ``n_fit=16, n_eval=8, n_controls=1, n_null=2, n_boot=10``, its
@@ -100,7 +100,8 @@ def test_p4b_rows_equal_the_old_p4b_on_a_committed_checkpoint(before):
     after = dict(decoding=old_decoding(rows, model="bijection-repl-cpu"),
                  ablations=old_ablations(rows, "bijection-repl-cpu"), geometry=old_geometry(rows),
                  summary=answer(rows, "bijection-repl-cpu"),
-                 base=dict(mae_bits=find(rows, "unedited_mae_bits").value, kl_bits=find(rows, "unedited_kl_bits").value),
+                 base=dict(mae_bits=find(rows, "unedited_mae_bits").value,
+                           kl_bits=find(rows, "unedited_kl_bits").value),
                  cost_tolerance_bits=find(rows, "cost_tolerance").value)
     old = dict(before["p4b"], geometry=kept(before["p4b"]["geometry"]))
     assert len(old["decoding"]) == 12 and len(old["ablations"]) == 42  # 3 readings x (4 tests; 7 subspaces x 2)
@@ -158,3 +159,25 @@ def test_p4b_and_tunnel_geometry_run_through_the_sweep_and_print_as_markdown(tmp
     header = next(line for line in text.splitlines() if line.startswith("| target | layer | test | value"))
     assert "subspace" not in header  # a metric's table keeps only its own columns
     assert run_sweep(config).computed == []  # cached
+
+
+@pytest.mark.slow
+def test_belief_rows_equal_the_old_belief_probes_on_a_committed_checkpoint(before):
+    from interp_bayes.core.results import find, select
+    from interp_bayes.kinds.belief import BeliefParams, run
+
+    torch.set_num_threads(1)
+    rows = run(None, BeliefParams.from_dict(dict(tunnel="hmm-cpu", n_sequences=20, readings=["resid"], layers=[0],
+                                                 n_shuffles=2, n_boot=10))).rows
+    after = []
+    for r in select(rows, "belief_r2"):
+        at = r.scope
+        after.append(dict(model=at["weights"], target=at["target"], reading=at["reading"], layer=at["layer"],
+                          r2=r.value, r2_low=r.low, r2_high=r.high, kl_bits=find(rows, "belief_kl_bits", **at).value,
+                          null_mean=find(rows, "belief_null_mean", **at).value, null_low=r.null_low,
+                          null_high=r.null_high, n=r.n, n_sequences=int(r.note.split()[0]),
+                          dim=int(find(rows, "belief_dim", **at).value), decision=r.test["decision"], p=r.test["p"],
+                          draws=r.test["draws"]))
+    assert len(before["belief"]) == 6  # trained and untrained x exact, window-4, exact minus window-4
+    diff = differences(before["belief"], plain(after))
+    assert not diff, f"{len(diff)} numbers moved, e.g. {diff[:5]}"

@@ -120,7 +120,6 @@ def summary(rows: list[Row], p: P4bParams) -> list[Line]:
 
 
 def figures(probes) -> list[Figure]:
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from ..core.figures import COLOURS, layout
