@@ -124,8 +124,8 @@ def test_tunnel_geometry_rows_equal_the_old_tunnel_geometry_on_a_committed_check
 
 
 @pytest.mark.slow
-def test_p4b_and_tunnel_geometry_run_through_the_sweep_and_print_as_markdown(tmp_path, capsys):
-    """Both kinds as opt-in recipes on committed tunnels at a small size, through the sweep: rows, ledger claims,
+def test_the_tunnel_kinds_run_through_the_sweep_and_print_as_markdown(tmp_path, capsys):
+    """The three kinds as recipes on committed tunnels at a small size, through the sweep: rows, ledger claims,
     figures in the report, and ``interp-bayes results RUN --format markdown`` with each probe's summary and tables;
     a second sweep finds them cached."""
     from interp_bayes import cli
@@ -140,22 +140,26 @@ def test_p4b_and_tunnel_geometry_run_through_the_sweep_and_print_as_markdown(tmp
                                        "n_null: 2\nn_boot: 10\nfolds: 2\nframes: false\ngeometry: false\n")
     (tmp_path / "geo.yaml").write_text("kind: tunnel_geometry\ntunnel: hmm-sticky-cpu-mlp\nn: 10\nfolds: 2\n"
                                        "n_null: 2\nn_boot: 10\n")
+    (tmp_path / "bel.yaml").write_text("kind: belief\ntunnel: hmm-cpu\nn_sequences: 10\nreadings: [resid]\n"
+                                       "layers: [0]\nfolds: 2\nn_shuffles: 2\nn_boot: 10\n")
     config = SweepConfig(model=str(tmp_path / "m"), out=str(tmp_path / "runs"), quiet=True,
-                         probes=[str(tmp_path / "p4b.yaml"), str(tmp_path / "geo.yaml")])
+                         probes=[str(tmp_path / name) for name in ("p4b.yaml", "geo.yaml", "bel.yaml")])
     run = run_sweep(config)
     view = RunView.load(run.folder)
-    from interp_bayes.kinds import p4b, tunnel_geometry
+    from interp_bayes.kinds import belief, p4b, tunnel_geometry
 
-    claims = p4b.ledger(view.probes("p4b")) + tunnel_geometry.ledger(view.probes("tunnel_geometry"))
+    claims = (p4b.ledger(view.probes("p4b")) + tunnel_geometry.ledger(view.probes("tunnel_geometry"))
+              + belief.ledger(view.probes("belief")))
     assert [(c.key, c.subject) for c in claims] == [("p4b-inert", "bijection-cpu-mlp"),
                                                     ("p4b-beyond-position", "bijection-cpu-mlp"),
-                                                    ("tunnel-entropy-within-position", "hmm-sticky-cpu-mlp")]
+                                                    ("tunnel-entropy-within-position", "hmm-sticky-cpu-mlp"),
+                                                    ("belief-readable", "hmm-cpu"), ("belief-beyond-window", "hmm-cpu")]
     page = (run.folder / "report.html").read_text()
-    assert "fig-p4b-p4b" in page and "fig-tunnel-geometry-geo" in page
+    assert all(f"fig-{name}" in page for name in ("p4b-p4b", "tunnel-geometry-geo", "belief-bel"))
     assert cli.main(["results", str(run.folder), "--format", "markdown"]) == 0
     text = capsys.readouterr().out
     assert "## p4b (kind p4b, on bijection-cpu-mlp)" in text and "bijection-cpu-mlp: P4b answer" in text
-    assert "`cut_kl_bits`" in text and "`cluster_alignment`" in text
+    assert "`cut_kl_bits`" in text and "`cluster_alignment`" in text and "## bel (kind belief, on hmm-cpu)" in text
     header = next(line for line in text.splitlines() if line.startswith("| target | layer | test | value"))
     assert "subspace" not in header  # a metric's table keeps only its own columns
     assert run_sweep(config).computed == []  # cached
