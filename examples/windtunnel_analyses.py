@@ -1,8 +1,8 @@
 """The numbers of docs/windtunnels.md for trained wind-tunnel folders: each model against the shortcut baselines,
-belief-state probes with their controls, and entropy-axis against hypothesis-frame ablations.
+and entropy-axis against hypothesis-frame ablations (the belief probes are the opt-in ``belief`` recipes).
 
     python examples/windtunnel_analyses.py --out runs/wt-analyses [--checkpoints bijection-cpu hmm-sticky-cpu]
-        [--parts table probes subspaces] [--threads 1]
+        [--parts table subspaces] [--threads 1]
 
 Folders are names under interp_bayes/windtunnel/checkpoints/ or paths; a folder NAME with a NAME-mlp beside it gets
 its MLP baseline in the table. Each part writes OUT/<checkpoint>/<part>.json and prints a markdown table.
@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from interp_bayes.analyses.belief import windtunnel_belief_probes
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.analyses.subspaces import subspace_ablation
 from interp_bayes.windtunnel.tunnels import checkpoint_folder
@@ -56,17 +55,6 @@ def table(folder: Path) -> dict:
     return res
 
 
-def probes(folder: Path) -> dict:
-    res = windtunnel_belief_probes(folder, n_sequences=400)
-    df = res.table()
-    print(f"\n{folder.name}: belief probes (R² [95% CI]; shuffled null range; KL bits of the probed belief)\n")
-    print("| model | target | reading | layer | R² | CI | null | KL |\n|---|---|---|---|---|---|---|---|")
-    for r in df.itertuples():
-        print(f"| {r.model} | {r.target} | {r.reading} | {r.layer} | {r.r2:.3f} | [{r.r2_low:.3f}, {r.r2_high:.3f}] | "
-              f"[{r.null_low:.3f}, {r.null_high:.3f}] | {fmt(r.kl_bits)} |")
-    return {"rows": res.rows, "meta": res.meta}
-
-
 def subspaces(folder: Path) -> dict:
     res = subspace_ablation(folder)
     print(f"\n{folder.name}: cost of each edit in bits over the unedited model ({res.meta['base']}); controls: "
@@ -86,11 +74,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoints", nargs="+", default=["bijection-cpu", "hmm-cpu", "hmm-sticky-cpu"])
-    parser.add_argument("--parts", nargs="+", default=["table", "probes", "subspaces"])
+    parser.add_argument("--parts", nargs="+", default=["table", "subspaces"])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    parts = {"table": table, "probes": probes, "subspaces": subspaces}
+    parts = {"table": table, "subspaces": subspaces}
     for name in args.checkpoints:
         folder = checkpoint_folder(name)
         for part in args.parts:

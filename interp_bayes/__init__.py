@@ -9,7 +9,6 @@ from importlib import import_module
 
 _EXPORTS = {
     "analyses.axis": ["EntropyAxis", "fit_entropy_axis"],
-    "analyses.belief": ["windtunnel_belief_probes"],
     "analyses.controls": ["control_directions", "isotropic_subspaces", "matched_subspaces"],
     "analyses.decoding": ["DecodingCurve", "decoding_curve"],
     "analyses.focusing": ["attention_focusing"],

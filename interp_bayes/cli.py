@@ -168,7 +168,12 @@ def _results(args: argparse.Namespace) -> int:
             print(path)
         return 0
     view = RunView.load(args.run)
-    text = (to_csv if args.format == "csv" else to_json)(view.rows(), view.origins())
+    if args.format == "markdown":
+        from .report.tables import markdown_results
+
+        text = markdown_results(view)
+    else:
+        text = (to_csv if args.format == "csv" else to_json)(view.rows(), view.origins())
     if args.out:
         from .core.store import atomic_write_text
 
@@ -182,8 +187,9 @@ def _add_results_arguments(p: argparse.ArgumentParser) -> None:
     from .core.checks import out_file_arg, out_folder_arg
 
     p.add_argument("run", help="run folder written by `interp-bayes sweep`")
-    p.add_argument("--format", choices=["csv", "json"], default="csv",
-                   help="csv: one row per number, scope keys as columns; json: the rows as objects (default csv)")
+    p.add_argument("--format", choices=["csv", "json", "markdown"], default="csv",
+                   help="csv: one row per number, scope keys as columns; json: the rows as objects; markdown: per "
+                        "probe its summary lines and a table per metric (default csv)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=out_file_arg, help="write to this file instead of standard output")
     where.add_argument("--snapshot", metavar="DIR", type=out_folder_arg,
@@ -199,7 +205,8 @@ def _run_module(module: str, func: str):
 COMMANDS = {
     "sweep": ("run the probes on one model and write a run folder with its report", _add_sweep_arguments, _sweep),
     "probes": ("list the probe kinds with their parameters and defaults, and the built-in recipes", None, _probes),
-    "results": ("export a run's tidy results table (one row per number) as CSV or JSON", _add_results_arguments,
+    "results": ("export a run's tidy results table (one row per number) as CSV, JSON or markdown",
+                _add_results_arguments,
                 _results),
     "report": ("(re)build report.html of a run folder from the folder alone",
                (".report.html", "add_report_arguments"), _run_module(".report.html", "report_main")),

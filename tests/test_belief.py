@@ -11,7 +11,6 @@ from sklearn.linear_model import Ridge
 
 from interp_bayes.stats.probe import belief_probe, simplex_belief
 from interp_bayes.model.collect import query_readings
-from interp_bayes.analyses.belief import windtunnel_belief_probes
 from interp_bayes.stats import ALPHAS, bootstrap_r2, cross_fitted_ridge, fit_ridge, r2
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.model.loading import load_model
@@ -137,16 +136,28 @@ def test_query_readings_are_the_cache_at_the_query_positions(tiny_hmm):
 
 
 def test_windtunnel_probes_give_every_control(tiny_hmm):
+    from interp_bayes.core.results import select
+    from interp_bayes.kinds.belief import BeliefParams, figures, run
+
     folder, _ = tiny_hmm
-    res = windtunnel_belief_probes(folder, n_sequences=40, readings=("resid",), n_shuffles=3, n_boot=50)
-    table = res.table()
-    assert set(zip(table.model, table.target)) == {(m, t) for m in ("trained", "untrained")
-                                                   for t in ("exact", "window-4", "exact-minus-window-4")}
-    assert len(table) == 6 * 1  # one layer in the tiny model
-    assert table[table.target == "exact-minus-window-4"].kl_bits.isna().all()
-    assert (table.r2_low <= table.r2).all() and (table.r2 <= table.r2_high).all()
-    assert res.meta["task_kwargs"] == json.loads((folder / "windtunnel.json").read_text())["config"]["task_kwargs"]
-    fig = res.figure("resid")
+    result = run(None, BeliefParams.from_dict(dict(tunnel=str(folder), n_sequences=40, readings=["resid"],
+                                                   n_shuffles=3, n_boot=50)))
+    rows = select(result.rows, "belief_r2")
+    assert {(r.scope["weights"], r.scope["target"]) for r in rows} == {
+        (m, t) for m in ("trained", "untrained") for t in ("exact", "window-4", "exact-minus-window-4")}
+    assert len(rows) == 6 * 1  # one layer in the tiny model
+    kl = {r.scope["target"]: r.value for r in select(result.rows, "belief_kl_bits")}
+    assert np.isnan(kl["exact-minus-window-4"]) and np.isfinite(kl["exact"])
+    assert all(r.low <= r.value <= r.high for r in rows)
+    assert result.data["task_kwargs"] == json.loads((folder / "windtunnel.json").read_text())["config"]["task_kwargs"]
+
+    class View:  # what the report hands a kind's figures
+        name, params, data, rows = "belief", dict(tunnel=str(folder)), result.data, result.rows
+
+        def params_object(self):
+            return BeliefParams.from_dict(self.params)
+
+    fig = figures([View()])[0].content
     assert [t.name for t in fig.data] == ["shuffled null"] + [f"{m}: {t}" for m in ("trained", "untrained")
                                                              for t in ("exact", "window-4", "exact-minus-window-4")]
     assert ALPHAS.min() > 0

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from interp_bayes.analyses.p4b import (_decodability, ablation_row, ablation_verdicts, cost_tolerance, p4b,
+from interp_bayes.analyses.p4b import (_decodability, ablation_rows, ablation_verdicts, cost_tolerance, cut_verdicts,
     readout_sites)
 from interp_bayes.analyses.subspaces import ablation_costs
 from interp_bayes.model.collect import query_readings
@@ -134,12 +134,13 @@ def test_an_inert_decodable_axis_and_a_causal_one_get_opposite_verdicts():
     named = {"read": np.eye(d)[[0]], "code": np.eye(d)[[1]]}
     _, summary = ablation_costs(lambda op: losses(op(x)), x.numpy(), named, base, layer=0, n_isotropic=10,
                                 n_matched=10, seed=0)
-    rows = {s["subspace"]: ablation_row(s, "planted", "0", cost_tolerance(2)) for s in summary
-            if s["metric"] == "kl_bits"}
-    assert rows["code"]["cost"] == pytest.approx(0.0, abs=1e-12)
-    assert rows["code"]["inert"] == "holds" and rows["code"]["load_bearing"] == "does not hold"
-    assert rows["read"]["inert"] == "does not hold" and rows["read"]["load_bearing"] == "holds"
-    assert rows["read"]["matched_p"] < 0.2  # beyond every one of its 10 matched draws: p = 2 / 11
+    rows = ablation_rows(summary, "0", n_seq)
+    cut = {r.scope["subspace"]: r for r in rows if r.metric == "cut_kl_bits"}
+    assert cut["code"].value == pytest.approx(0.0, abs=1e-12)
+    assert cut_verdicts(cut["code"], cost_tolerance(2)) == ("holds", "does not hold")
+    assert cut_verdicts(cut["read"], cost_tolerance(2)) == ("does not hold", "holds")
+    p = next(r for r in rows if r.metric == "cut_kl_bits_p" and r.scope == dict(cut["read"].scope, family="matched"))
+    assert p.value < 0.2  # beyond every one of its 10 matched draws: p = 2 / 11
 
 
 def test_a_cost_at_float32_rounding_is_never_load_bearing():
@@ -163,27 +164,36 @@ def test_cluster_count_finds_planted_blobs_and_none_in_one_gaussian():
 
 
 def test_p4b_end_to_end_on_a_tiny_tunnel(tmp_path):
+    from interp_bayes.analyses.p4b import answer, decoding_verdict
+    from interp_bayes.core.results import select
+    from interp_bayes.kinds.p4b import P4bParams, run, summary
+
     folder, _ = saved(tmp_path)
-    res = p4b(folder, n_fit=30, n_eval=20, n_controls=2, n_null=4, n_boot=20, geometry=False, progress=False)
-    layers = [d["layer"] for d in res.decoding]
-    assert layers[0] == "embed" and set(layers) == {"embed", *map(str, range(res.meta["n_layers"]))}
-    within = [d for d in res.decoding if d["test"] == "within position"]
-    assert all(d["verdict"] == "inseparable" for d in within)  # without replacement entropy is position
-    subspaces = {a["subspace"] for a in res.ablations}
+    params = P4bParams.from_dict(dict(tunnel=str(folder), n_fit=30, n_eval=20, n_controls=2, n_null=4, n_boot=20,
+                                      geometry=False))
+    rows = run(None, params).rows
+    layers = [r.scope["layer"] for r in select(rows, "decoding_r2")]
+    assert layers == ["embed"] * 4 + ["0"] * 4  # the tiny preset has one block; four tests at each reading
+    within = select(rows, "decoding_r2", test="within position")
+    assert all(decoding_verdict(r) == "inseparable" for r in within)  # without replacement entropy is position
+    subspaces = {r.scope["subspace"] for r in select(rows, "cut_kl_bits")}
     assert {"entropy-axis", "position-axis", "frame-embed"} <= subspaces
     assert "entropy-within-position-axis" not in subspaces
-    assert res.summary["reading"] == "position"
-    frame = next(a for a in res.ablations if a["subspace"] == "frame-embed")
-    assert frame["k"] == 6  # the six hypothesis tokens
+    assert answer(rows, folder.name)["reading"] == "position"
+    frame = select(rows, "cut_kl_bits", subspace="frame-embed")[0]
+    assert frame.scope["k"] == 6  # the six hypothesis tokens
+    assert summary(rows, params)[-1].value == answer(rows, folder.name)["line"]
 
 
 def test_a_negative_r2_never_decodes_even_above_its_null():
     from interp_bayes.analyses.p4b import decoding_verdict
     from interp_bayes.stats.ledger import FAILS, HOLDS
 
-    row = dict(r2=-0.0001, null_range=[-0.0017, -0.0003], note=None)  # the rotary model's embedding layer
+    from interp_bayes.core.results import Row
+
+    row = Row("decoding_r2", -0.0001, null_low=-0.0017, null_high=-0.0003)  # the rotary model's embedding layer
     assert decoding_verdict(row) == FAILS
-    assert decoding_verdict(dict(row, r2=0.2)) == HOLDS
+    assert decoding_verdict(Row("decoding_r2", 0.2, null_low=-0.0017, null_high=-0.0003)) == HOLDS
 
 
 def test_cluster_alignment_names_the_label_the_clusters_are():
@@ -198,38 +208,29 @@ def test_cluster_alignment_names_the_label_the_clusters_are():
 
 
 def test_tunnel_geometry_end_to_end_on_a_tiny_hmm(tmp_path):
-    """examples/geometry_table.py on a tiny HMM LSTM: a decoding row per (layer, test), the alignment on the HMM,
-    the table row; a recall folder is refused (its exact entropy is 0 everywhere)."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    from interp_bayes.analyses.p4b import tunnel_geometry
+    """The tunnel_geometry kind on a tiny HMM LSTM: a decoding row per (reading, test), the alignment on the HMM, the
+    summary's lines; a recall folder, or a name that is no wind tunnel, is refused when the recipe is read."""
     from interp_bayes.core.errors import ConfigError
+    from interp_bayes.core.results import select
+    from interp_bayes.kinds.tunnel_geometry import TunnelGeometryParams, run, summary
     from interp_bayes.windtunnel.train import train_main
 
     folder = tmp_path / "hmm"
     assert train_main(["hmm", "--preset", "tiny", "--arch", "lstm", "--steps", "3", "--out", str(folder),
                        "--quiet"]) == 0
-    script = Path(__file__).resolve().parents[1] / "examples" / "geometry_table.py"
-    spec = importlib.util.spec_from_file_location("geometry_table", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    out = tmp_path / "geometry"
-    assert module.main(["--out", str(out), "--checkpoints", str(folder), "--n", "24", "--n-null", "3"]) == 0
-    g = json.loads((out / "hmm" / "geometry.json").read_text())
-    assert [(d["layer"], d["test"]) for d in g["decoding"]] == [
+    params = TunnelGeometryParams.from_dict(dict(tunnel=str(folder), n=24, n_null=3))
+    assert params.checkpoints() == {"tunnel": folder}
+    rows = run(None, params).rows
+    assert [(r.scope["layer"], r.scope["test"]) for r in select(rows, "decoding_r2")] == [
         (layer, test) for layer in ("embed", "0") for test in ("decodable", "within position")]
-    align = g["geometry"]["alignment"]
-    assert align["k"] == 5 and set(align) == {"k", "map_state", "last_observation"}
-    assert g["n_rows"] == 24 * 8  # every observation of the tiny preset's 8 steps is a row
-    row = next(line for line in (out / "geometry.md").read_text().splitlines() if line.startswith("| hmm |"))
-    assert f"{align['map_state']:.3f} / {align['last_observation']:.3f}" in row
+    align = {r.scope["label"]: r for r in select(rows, "cluster_alignment")}
+    assert set(align) == {"map_state", "last_observation"} and align["map_state"].note == "k-means, k = 5"
+    assert select(rows, "pc1_share")[0].n == 24 * 8  # every observation of the tiny preset's 8 steps is a row
+    lines = summary(rows, params)
+    assert any(f"{align['map_state'].value:.3f}" in line.value for line in lines)
     recall = tmp_path / "recall"
     assert train_main(["recall", "--preset", "tiny", "--steps", "2", "--out", str(recall), "--quiet"]) == 0
-    with pytest.raises(ConfigError, match="bijection and HMM"):
-        tunnel_geometry(recall)
-    nowhere = tmp_path / "refused"  # a name that is no trained folder: one sentence, exit 2, before anything is written
-    with pytest.raises(SystemExit) as exit_info:
-        module.main(["--out", str(nowhere), "--checkpoints", str(folder), "no-such-checkpoint"])
-    assert exit_info.value.code == 2 and not nowhere.exists()
+    with pytest.raises(ConfigError, match="reads bijection or hmm tunnels"):
+        TunnelGeometryParams.from_dict(dict(tunnel=str(recall))).checkpoints()
+    with pytest.raises(ConfigError, match="no wind-tunnel checkpoint"):
+        TunnelGeometryParams.from_dict(dict(tunnel="no-such-checkpoint")).checkpoints()

@@ -418,10 +418,7 @@ def _bad_commands(model: Path, run: Path, d: Path) -> dict:
         "dynamics --record-every 0": ({}, ["dynamics", "--record-every", "0", "--out", d / "dyn.json"]),
         "dynamics --seeds -1": ({}, ["dynamics", "--seeds", "-1", "--out", d / "dyn.json"]),
         "dynamics --deep-device tpu": ({}, ["dynamics", "--deep", "--deep-device", "tpu", "--out", d / "dyn.json"]),
-        "p4b.py --out a file": ({"f.txt": "x"}, [EXAMPLES / "p4b.py", "--out", d / "f.txt"]),
-        "p4b.py --n-fit 0": ({}, [EXAMPLES / "p4b.py", "--out", d / "p", "--n-fit", "0"]),
         "architecture_table.py --n -5": ({}, [EXAMPLES / "architecture_table.py", "--out", d / "a", "--n", "-5"]),
-        "geometry_table.py --seed -1": ({}, [EXAMPLES / "geometry_table.py", "--out", d / "g", "--seed", "-1"]),
     }
 
 

@@ -1,6 +1,9 @@
-"""The paper's rows (Paper III Tables 1-2 and §5, methods.md §3.9) and the summary as markdown."""
+"""The paper's rows (Paper III Tables 1-2 and §5, methods.md §3.9), the summary and a run's rows as markdown."""
 
 from __future__ import annotations
+
+from ..core.results import records
+from .view import subject_of
 
 # Paper III v1 numbers, as printed (Table 1 bootstrap means; Table 2; §5.1 Spearman; §5.2 SULA MAE).
 PAPER_ROWS = {
@@ -24,3 +27,31 @@ def markdown_summary(lines: list, model: str) -> str:
     out = [f"| measure | {model} | verdict |", "|---|---|---|"]
     out += [f"| {line.label} | {line.value} | {line.verdict} |" for line in lines]
     return "\n".join(out)
+
+
+def _cell(x) -> str:
+    """A markdown table cell: numbers to 4 significant digits, None empty, a pipe escaped."""
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x).replace("|", "\\|")
+
+
+def markdown_results(run) -> str:
+    """What ``interp-bayes results RUN --format markdown`` prints: per finished probe of ``run`` (a
+    ``report.view.RunView``), its summary lines (``markdown_summary``), then one table per metric of its rows
+    (``core.results.records``: scope keys as columns; columns empty in every row left out)."""
+    out = [f"# {run.name}: {run.folder.name}"]
+    for p in run.probes():
+        kind, where = p.kind_object(), subject_of(p)
+        out.append(f"\n## {p.name} (kind {p.kind}{', on ' + where if where else ''})\n")
+        if kind is not None:
+            out.append(markdown_summary(kind.summary(p.rows, p.params_object()), where or run.name))
+        for metric in dict.fromkeys(r.metric for r in p.rows):
+            recs = records([r for r in p.rows if r.metric == metric])
+            cols = [c for c in recs[0] if c not in ("probe", "kind", "metric")
+                    and any(rec[c] not in (None, "") for rec in recs)]
+            out += [f"\n`{metric}`\n", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+            out += ["| " + " | ".join(_cell(rec[c]) for c in cols) + " |" for rec in recs]
+    return "\n".join(out) + "\n"

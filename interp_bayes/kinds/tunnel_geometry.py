@@ -1,0 +1,142 @@
+"""Geometry of a wind tunnel of any architecture (issue 27, item 6; ``analyses.p4b``): the exact posterior's
+entropy decoded at the embedding output and after every block, held out with folds of whole sequences, raw (rows
+shuffled for the null) and within position (one indicator per query index); the final layer's PC1 share and
+cluster count against their nulls; and on the HMM, the question behind "one cluster per hidden state": the k-means
+partition into as many clusters as states against the MAP state, and against the last observation, which names the
+state under an identity emission map. The bijection and HMM tunnels (recall's exact entropy is 0 at every query:
+nothing to decode)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.registry import register
+from ..core.results import Row, find, select
+from .common import check_folds
+from .windtunnel import TunnelParams
+
+TESTS = ("decodable", "within position")
+
+
+@dataclass(frozen=True)
+class TunnelGeometryParams(TunnelParams):
+    tunnel_tasks: ClassVar[tuple[str, ...]] = ("bijection", "hmm")
+    tunnel: str = "hmm-sticky-cpu"  # a packaged checkpoint's name or a trained folder
+    n: int = 300  # sequences; every query position of each is a row
+    folds: int = 5
+    n_null: int = 1000  # shuffled-target decoders of the null, at most (drawn until settled)
+    n_boot: int = 200
+    seed: int = 2024  # the sequence draws, folds, nulls and k-means
+
+    def check(self, ctx, probe: str) -> None:
+        check_folds(probe, self.folds, self.n, "sequences", "n")
+
+
+def run(ctx, p: TunnelGeometryParams) -> Result:
+    from ..analyses import p4b as P
+    from ..stats import info
+    from ..windtunnel.tunnels import open_tunnel
+
+    tunnel = open_tunnel(p.tunnel)
+    model, task = tunnel.model, tunnel.task
+    batch = task.sample(p.n, seed=[p.seed, 0])
+    post = batch.posterior.double()  # [n, Q, H]
+    Q, H = post.shape[1:]
+    entropy = info.entropy(post.reshape(-1, H)).numpy()
+    position = np.tile(np.arange(Q, dtype=np.float64), p.n)
+    groups = np.repeat(np.arange(p.n), Q)  # the sequence: the unit of independence
+    sites = P.readout_sites(model)
+    readings = P.residual_readings(model, batch, sites)
+    rows = P.decoding_rows(readings, sites, entropy, position, groups, TESTS, n_layers=model.cfg.n_layers,
+                           folds=p.folds, n_null=p.n_null, n_boot=p.n_boot, seed=p.seed)
+    final = sites[-1][0]
+    rows += P.geometry_rows(readings[final], entropy, groups, label=final, seed=p.seed)
+    if tunnel.config.task == "hmm":
+        last_obs = batch.input_ids[:, batch.query_pos].reshape(-1).numpy()
+        rows += P.alignment_rows(readings[final], {"map_state": post.argmax(-1).reshape(-1).numpy(),
+                                                   "last_observation": last_obs}, H, label=final, seed=p.seed)
+    return Result(rows, dict(arch=tunnel.config.arch, task=tunnel.config.task))
+
+
+def subject(p: TunnelGeometryParams) -> str:
+    return Path(p.tunnel).name
+
+
+def summary(rows: list[Row], p: TunnelGeometryParams) -> list[Line]:
+    from ..analyses.p4b import decoding_verdict
+
+    where = subject(p)
+    out = []
+    for test in TESTS:
+        rs = select(rows, "decoding_r2", test=test)
+        out.append(Line(f"{where}: entropy R² per reading ({test})",
+                        ", ".join(f"{r.scope['layer']} {r.value:.3f}" for r in rs),
+                        ", ".join(decoding_verdict(r) for r in rs)))
+    share, raw = find(rows, "pc1_share"), find(rows, "pc1_share_raw")
+    c, s = find(rows, "n_clusters"), find(rows, "cluster_silhouette")
+    k = find(rows, "cluster_best_k")
+    out += [Line(f"{where}: PC1 share at {share.scope['layer']}, standardised / raw",
+                 f"{share.value:.3f} (null {share.null_low:.3f} to {share.null_high:.3f}) / {raw.value:.3f}",
+                 share.verdict()),
+            Line(f"{where}: clusters at {c.scope['layer']}", f"{c.value:.0f} (best k {k.value:.0f}, silhouette "
+                 f"{s.value:.3f} vs Gaussian null {s.null_low:.3f} to {s.null_high:.3f})", s.verdict())]
+    for r in select(rows, "cluster_alignment"):
+        out.append(Line(f"{where}: clusters at {r.scope['layer']} vs {r.scope['label'].replace('_', ' ')} (ARI)",
+                        f"{r.value:.3f} ({r.note})"))
+    return out
+
+
+def figures(probes) -> list[Figure]:
+    import plotly.graph_objects as go
+
+    from ..core.figures import COLOURS, layout
+
+    out = []
+    for pr in probes:
+        fig = go.Figure()
+        for test in TESTS:
+            rs = select(pr.rows, "decoding_r2", test=test)
+            x = [r.scope["layer"] for r in rs]
+            fig.add_scatter(x=x, y=[r.value for r in rs], mode="lines+markers", name=test,
+                            error_y=dict(type="data", symmetric=False, array=[r.high - r.value for r in rs],
+                                         arrayminus=[r.value - r.low for r in rs]))
+            fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="lines", showlegend=False,
+                            line=dict(dash="dot", color=COLOURS["permuted"]))
+        fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
+        fig.update_yaxes(title_text="held-out R² of the exact entropy")
+        where = subject(pr.params_object())
+        out.append(Figure(f"tunnel-geometry-{pr.name}", f"Geometry of {where}", layout(
+            fig, "The exact entropy decoded per reading, raw and within position"),
+            "Bootstrap 95% intervals; dotted: the top of each test's shuffled null.", subject=where))
+    return out
+
+
+def plan(ctx, p: TunnelGeometryParams) -> list:
+    return [PlanItem("tunnel_geometry", f"wind tunnel {p.tunnel}: {p.n} sequences decoded at every reading, the "
+                     "final layer's PC1 share and clusters (a small model: seconds)", None, model=subject(p))]
+
+
+def ledger(probes) -> list:
+    """Per probe: the exact entropy decodes from the final layer beyond its position (within position)."""
+    from ..analyses.p4b import decoding_verdict
+
+    out = []
+    for pr in probes:
+        within = select(pr.rows, "decoding_r2", test="within position")
+        if not within:
+            continue
+        r = within[-1]
+        out.append(Claim("tunnel-entropy-within-position", "The exact entropy decodes from the final layer beyond "
+                         "its position", decoding_verdict(r), f"R² {r.value:.4f} vs null [{r.null_low:.4f}, "
+                         f"{r.null_high:.4f}] (at {r.scope['layer']})" if np.isfinite(r.value) else f"n/a: {r.note}",
+                         subject=subject(pr.params_object()), section=f"fig-tunnel-geometry-{pr.name}"))
+    return out
+
+
+KIND = register(Kind("tunnel_geometry", TunnelGeometryParams, run, summary, figures, plan, doc=__doc__,
+                     ledger=ledger, subject=subject))
