@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from ..core.errors import ModelLoadError, ModelNotFoundError
+from ..core.model_ref import ModelRef
 from ..core.store import apply_umask
 
 BF16_ABOVE_PARAMS = 3e9  # float32 up to ~3B parameters on CPU, bfloat16 above (DESIGN.md numerics)
@@ -269,15 +270,15 @@ def _file_digest(path: Path) -> str:
 _HUB_COMMITS: dict[tuple[str, str], str] = {}  # (repo, revision) -> commit the Hub named, once per process
 
 
-def _hub_commit(repo: str, revision: str | None) -> tuple[str | None, bool]:
-    """(the commit sha a Hub revision names, whether the Hub answered). Asked of the Hub when it is reachable (once
-    per process, so one run sees one commit), else read from the local HF cache (``refs/<revision>`` and its
-    snapshot: the commit an offline load uses); None when neither knows it."""
+def hub_commit(repo: str, revision: str | None = None) -> str | None:
+    """The commit sha that ``revision`` (None: ``main``) of a Hub model names now: asked of the Hub when it is
+    reachable (once per process, so one run sees one commit), else read from the local HF cache (``refs/<revision>``
+    and its snapshot: the commit an offline load uses); None when neither knows it (offline, nothing cached)."""
     rev = revision or "main"
     if COMMIT_SHA.fullmatch(rev):
-        return rev, False
+        return rev
     if (repo, rev) in _HUB_COMMITS:
-        return _HUB_COMMITS[(repo, rev)], True
+        return _HUB_COMMITS[(repo, rev)]
     if _hub_reachable():
         import httpx
         from huggingface_hub import HfApi
@@ -298,51 +299,59 @@ def _hub_commit(repo: str, revision: str | None) -> tuple[str | None, bool]:
             sha = None
         if sha:
             _HUB_COMMITS[(repo, rev)] = sha
-            return sha, True
+            return sha
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(repo, "config.json", revision=rev)
-    return (Path(cached).parent.name if isinstance(cached, str) else None), False
+    return Path(cached).parent.name if isinstance(cached, str) else None
 
 
-def hub_commit(repo: str, revision: str | None = None) -> str | None:
-    """The commit sha that ``revision`` (None: ``main``) of a Hub model names now: from the Hub when it is
-    reachable, else from the local HF cache; None when neither knows it (offline, nothing cached)."""
-    return _hub_commit(repo, revision)[0]
-
-
-def _load_revision(source: str, local: bool, revision: str | None) -> str | None:
-    """The revision a load passes to transformers: for a Hub id its resolved commit, so the weights loaded are the
-    ones its identity names (and a moved ``main`` cannot slip in between); refused when it cannot be resolved."""
-    if local:
-        return revision
-    commit, _ = _hub_commit(source, revision)
-    if commit is not None:
-        return commit
+def _loadable(name_or_ref: str | os.PathLike | ModelRef, revision: str | None) -> tuple[str, str, bool, str | None]:
+    """(name as asked, source, is_local, revision to load) of a name, resolved here, or of a ``ModelRef`` resolved
+    before. A Hub id loads the commit its revision resolves to, so the weights loaded are the ones its identity names
+    (and a moved ``main`` cannot slip in between); refused when it cannot be resolved."""
+    if isinstance(name_or_ref, ModelRef):
+        if revision is not None:
+            raise ModelLoadError(f"'{name_or_ref.name}' is a resolved model reference, which carries its revision "
+                                 f"({name_or_ref.revision!r}); pass revision= with a name, not with a reference.")
+        name, source, local, commit = name_or_ref.name, name_or_ref.source, name_or_ref.local, name_or_ref.commit
+        revision = name_or_ref.revision
+    else:
+        name = os.fspath(name_or_ref)
+        source, local = resolve(name, revision)
+        commit = None if local else hub_commit(source, revision)
+    if local or commit is not None:
+        return name, source, local, commit
     if not _hub_reachable():
         raise _hub_unavailable(source)
     raise ModelNotFoundError(f"Cannot resolve revision {revision or 'main'!r} of '{source}' to a commit (the Hub did "
                              "not say); retry, or pass the commit sha as the revision.")
 
 
-def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
-    """What determines a model's numbers, however its name was spelled: a Hub id with the commit its revision
-    resolves to (``hub_commit``: a moved ``main`` is a new model), or for a local folder (also an alias or a .gguf
-    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names and whole contents,
-    see ``_file_digest``). The folder's path is left out, so a copy elsewhere is the same model, and any changed
-    file makes a new one. A Hub revision that cannot be resolved (offline, not in the HF cache) keeps its name with
-    ``commit: None``: nothing can load under that identity (``load_model`` refuses), so no number is stored under
-    it."""
+def model_ref(name_or_path: str | os.PathLike, revision: str | None = None, dtype: str | None = None) -> ModelRef:
+    """An alias, folder, .gguf file or Hub id resolved once: where it is and what determines its numbers. A Hub id
+    gets the commit its revision resolves to (``hub_commit``: a moved ``main`` is a new model); a local folder (also
+    an alias or a .gguf file, once resolved) a digest of its top-level files (config, tokenizer and weights: names
+    and whole contents, see ``_file_digest``). The folder's path is left out of the digest, so a copy elsewhere is
+    the same model, and any changed file makes a new one. A run builds one and hands it to its id, its context and
+    the loader (``load_model(ref)``), so none of them resolves the name again."""
     import hashlib
 
-    source, local = resolve(name_or_path, revision)
+    name = os.fspath(name_or_path)
+    source, local = resolve(name, revision)
     if not local:
-        commit = hub_commit(source, revision)
-        return dict(hub=source, commit=commit) if commit else dict(hub=source, revision=revision, commit=None)
+        return ModelRef(name, source, False, revision, commit=hub_commit(source, revision), dtype=dtype)
     h = hashlib.sha256()
     for path in sorted(p for p in Path(source).iterdir() if p.is_file()):
         h.update(f"{path.name}:{_file_digest(path)};".encode())
-    return dict(folder_digest=h.hexdigest()[:16], revision=revision)
+    return ModelRef(name, source, True, revision, digest=h.hexdigest()[:16], dtype=dtype)
+
+
+def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
+    """What determines a model's numbers, however its name was spelled (``model_ref(...).identity``). A Hub revision
+    that cannot be resolved (offline, not in the HF cache) keeps its name with ``commit: None``: nothing can load
+    under that identity (``load_model`` refuses), so no number is stored under it."""
+    return model_ref(name_or_path, revision).identity
 
 
 def _hub_unavailable(hub_id: str) -> ModelNotFoundError:
@@ -600,17 +609,17 @@ def _tokenizer(source: str, kw: dict):
                              "tokenizer.save_pretrained(folder).") from err
 
 
-def load_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False):
+def load_tokenizer(name_or_path: str | os.PathLike | ModelRef, *, revision: str | None = None,
+                   trust_remote_code: bool = False):
     """The checkpoint's own tokenizer (its own BOS policy) without loading weights; offline Hub ids fail fast with
-    the fix, as ``load_model`` does."""
-    source, local = resolve(name_or_path, revision)
-    revision = _load_revision(source, local, revision)
+    the fix, as ``load_model`` does. A ``ModelRef`` is not resolved again."""
+    _, source, local, revision = _loadable(name_or_path, revision)
     load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     return _tokenizer(source, _load_kwargs(local, revision, trust_remote_code))
 
 
 def load_model(
-    name_or_path: str | os.PathLike = DEFAULT_MODEL,
+    name_or_path: str | os.PathLike | ModelRef = DEFAULT_MODEL,
     *,
     dtype: torch.dtype | str | None = None,
     device: str | torch.device | None = None,
@@ -623,7 +632,8 @@ def load_model(
 ):
     """Load an alias, a local HF folder or a Hub id as a raw-weight ``TransformerBridge`` in eval mode.
 
-    Weights load from safetensors only: a checkpoint with pickle weights only (``pytorch_model.bin``, ``*.pt``) is
+    A ``ModelRef`` (``model_ref``) loads what it was resolved to, without resolving it again; its dtype is the
+    default of ``dtype``. Weights load from safetensors only: a checkpoint with pickle weights only (``pytorch_model.bin``, ``*.pt``) is
     refused, since unpickling runs any code the file holds, unless ``allow_pickle=True`` (``--allow-pickle``). A
     Hub id loads the commit its revision resolves to now (``hub_commit``; recorded as ``model_info(m).commit``).
 
@@ -649,9 +659,11 @@ def load_model(
 
     if device is not None and device_map is not None:
         raise ModelLoadError("Pass device= (one device) or device_map= (several), not both.")
-    name = os.fspath(name_or_path)
-    source, local = resolve(name, revision)
-    asked, revision = revision, _load_revision(source, local, revision)
+    if isinstance(name_or_path, ModelRef):
+        asked, dtype = name_or_path.revision, dtype or name_or_path.dtype
+    else:
+        asked = revision
+    name, source, local, revision = _loadable(name_or_path, revision)
     config = load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     _check_causal_lm(config, source)
     check_weights(name, source, local, allow_pickle)
