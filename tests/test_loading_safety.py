@@ -215,6 +215,24 @@ def test_a_run_resolves_its_model_once(hub_cache, tiny_dirs, tmp_path, monkeypat
     assert calls == dict(resolve=1, hub_commit=int(where == "hub"))
 
 
+def test_a_model_reference_loads_what_it_resolved_without_resolving_again(tiny_dirs, monkeypatch):
+    """``load_model(ref)`` (and ``ib.load_model(ref)``) takes the reference's source and dtype and resolves
+    nothing; ``ib.load_model`` boots a wind tunnel's reference as a tunnel; a revision beside a reference is
+    refused, since the reference carries its own."""
+    import interp_bayes as ib
+    from interp_bayes.model import loading
+    from interp_bayes.windtunnel.tunnels import open_tunnel
+
+    tunnel = open_tunnel("bijection-repl-cpu-lstm")  # not a transformers model: the LLM loader would refuse it
+    assert type(ib.load_model(loading.model_ref(str(tunnel.folder)))) is type(tunnel.model)
+    ref = loading.model_ref(str(tiny_dirs["llama3"]), dtype="bfloat16")
+    monkeypatch.setattr(loading, "resolve", lambda *a: pytest.fail("resolved again"))
+    info = model_info(ib.load_model(ref))
+    assert (info.name, info.source, info.dtype) == (ref.name, ref.source, "bfloat16")
+    with pytest.raises(ModelLoadError, match="carries its revision"):
+        load_model(ref, revision="main")
+
+
 def test_cache_keys_keep_their_bytes(hub_cache, tmp_path):
     """The identity, and so every run id and cache key, is the one computed before models were resolved once
     (values computed by the code of commit 51baa47): a folder of fixed bytes, a Hub id at a commit (however its
