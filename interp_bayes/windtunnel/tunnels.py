@@ -114,7 +114,7 @@ def boot(folder: Path, config: TrainConfig, **load: Any):
     model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     if model_type is None or not model_type.startswith("windtunnel_"):
         return load_llm(folder, **load)
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # heavy (~4 s): only a tunnel that boots needs it
 
     from .archs import MODEL_TYPES  # imports TransformerLens: only for these architectures
 
