@@ -77,7 +77,8 @@ def _sweep(args: argparse.Namespace) -> int:
                            quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
                            allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:
-        return _print_plan(plan_sweep(config, redo=args.redo), config)
+        ref = config.model_ref()  # resolved once: the plan, the estimate and the calibration use it
+        return _print_plan(plan_sweep(config, redo=args.redo, ref=ref), config, ref)
     run = run_sweep(config, redo=args.redo)
     view = RunView.load(run.folder)
     print("\n".join(ledger_lines(collect(view), view.name)))  # the answer; every number is in the report
@@ -87,19 +88,19 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(items, config) -> int:
+def _print_plan(items, config, ref) -> int:
     """The plan, each probe with its cost, and the time it should take (recorded by earlier runs under --out, else
     from a calibration forward of the sweep's model on this machine); probes with nothing to time stay untimed."""
     from .run.sweep import calibrate, estimate
 
     forwards = sum(i.forwards for i in items)
     disk = sum(i.disk_bytes for i in items)
-    est = estimate(config, items)
+    est = estimate(config, items, ref=ref)
     to_run = [i.probe for i in items if i.what.startswith("probe of kind") and not i.cached]
     if any(est.source.get(p) != "recorded" for p in to_run):  # no earlier run to read their time from: time here
-        measured = calibrate(config, items)
+        measured = calibrate(config, items, ref)
         if measured is not None:
-            est = estimate(config, items, *measured)
+            est = estimate(config, items, *measured, ref=ref)
     for i in items:
         state = "cached" if i.cached else "unknown until earlier stages run" if i.cached is None else "to compute"
         extra = f", {i.forwards} prompt forwards" + (f" on {i.model}" if i.model else "") if i.forwards else ""

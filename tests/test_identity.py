@@ -100,7 +100,7 @@ def test_whole_file_digests_are_memoised_in_the_process_and_on_disk(tmp_path, mo
     assert memo[str(big.resolve())][3] == digest
 
     reads = []
-    monkeypatch.setattr("interp_bayes.core.store.file_digest", lambda p: reads.append(p) or "recomputed")
+    monkeypatch.setattr(loading, "file_digest", lambda p: reads.append(p) or "recomputed")
     assert loading._file_digest(big) == digest  # this process's memo
     monkeypatch.setattr(loading, "_DIGESTS", {})  # a new process: the disk's memo
     assert loading._file_digest(big) == digest and reads == []

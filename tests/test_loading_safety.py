@@ -182,6 +182,83 @@ def test_hub_checkpoint_with_pickle_weights_only_needs_the_flag(hub_cache):
     assert model_info(load_model("org/tiny", allow_pickle=True)).commit == SHA3
 
 
+@pytest.mark.parametrize("where", ["folder", "hub"])
+def test_a_run_resolves_its_model_once(hub_cache, tiny_dirs, tmp_path, monkeypatch, where):
+    """A dry run and a real run each resolve the model's name once (``model_ref``) and ask for a Hub commit once:
+    the run's id, its cache keys, the tokenizer and the load all use that one reference. Before, a dry run resolved
+    the name 3 times (identity twice, commit twice) and a run 4 times (identity twice, commit 3 times)."""
+    from interp_bayes.cli import main
+    from interp_bayes.model import loading
+    from interp_bayes.model.testing import write_toy_recipes
+
+    if where == "hub":
+        hub_cache(SHA1)
+    model = str(tiny_dirs["llama3"]) if where == "folder" else "org/tiny"
+    calls = {"resolve": 0, "hub_commit": 0}
+
+    def counting(name):
+        real = getattr(loading, name)
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(loading, name, counted)
+
+    for name in calls:
+        counting(name)
+    keys, _, icl = write_toy_recipes(tmp_path / "recipes")[:3]
+    sweep = ["sweep", "--model", model, "--out", str(tmp_path / "out"), "--quiet"]
+    assert main([*sweep, "--probes", keys, icl, "--dry-run"]) == 0  # icl's set is timed: the model loads
+    assert calls == dict(resolve=1, hub_commit=int(where == "hub"))
+    calls.update(resolve=0, hub_commit=0)
+    assert main([*sweep, "--probes", keys]) == 0  # keys loads the weights
+    assert calls == dict(resolve=1, hub_commit=int(where == "hub"))
+
+
+def test_a_model_reference_loads_what_it_resolved_without_resolving_again(tiny_dirs, monkeypatch):
+    """``load_model(ref)`` (and ``ib.load_model(ref)``) takes the reference's source and dtype and resolves
+    nothing; ``ib.load_model`` boots a wind tunnel's reference as a tunnel; a revision beside a reference is
+    refused, since the reference carries its own."""
+    import interp_bayes as ib
+    from interp_bayes.model import loading
+    from interp_bayes.windtunnel.tunnels import open_tunnel
+
+    tunnel = open_tunnel("bijection-repl-cpu-lstm")  # not a transformers model: the LLM loader would refuse it
+    assert type(ib.load_model(loading.model_ref(str(tunnel.folder)))) is type(tunnel.model)
+    ref = loading.model_ref(str(tiny_dirs["llama3"]), dtype="bfloat16")
+    monkeypatch.setattr(loading, "resolve", lambda *a: pytest.fail("resolved again"))
+    info = model_info(ib.load_model(ref))
+    assert (info.name, info.source, info.dtype) == (ref.name, ref.source, "bfloat16")
+    with pytest.raises(ModelLoadError, match="carries its revision"):
+        load_model(ref, revision="main")
+
+
+def test_cache_keys_keep_their_bytes(hub_cache, tmp_path):
+    """The identity, and so every run id and cache key, is the one computed before models were resolved once
+    (values computed by the code of commit 51baa47): a folder of fixed bytes, a Hub id at a commit (however its
+    revision is spelled) and an unresolved Hub revision."""
+    from interp_bayes.model.loading import model_ref
+
+    folder = tmp_path / "fixed"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}\n')
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    hub_cache(sha)  # the snapshot's own files do not enter a Hub id's identity
+    cases = {(str(folder), None): (dict(folder_digest="65954466116171c5", revision=None), "7699831b24", "93570b50f4"),
+             ("org/tiny", None): (dict(hub="org/tiny", commit=sha), "8bc0267a26", "20a8a703d8"),
+             ("org/tiny", "main"): (dict(hub="org/tiny", commit=sha), "8bc0267a26", "20a8a703d8"),
+             ("org/elsewhere", "step1000"): (dict(hub="org/elsewhere", revision="step1000", commit=None),
+                                             "882bff7462", "e360686261")}
+    for (name, revision), (identity, run_id, other_id) in cases.items():
+        assert model_identity(name, revision) == identity
+        config = SweepConfig(model=name, revision=revision)
+        assert config.digest() == config.digest(config.model_ref()) == run_id
+        assert SweepConfig(model=name, revision=revision, dtype="bfloat16", seed=3).digest() == other_id
+    with pytest.raises(ValueError, match="not this config's model"):
+        SweepConfig(model="org/tiny", dtype="bfloat16").digest(model_ref("org/tiny"))
+
+
 # 3. the converted-model cache follows the umask
 
 def write_tiny_gguf(path: Path, tokenizer_dir: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 
 import interp_bayes as ib
 from interp_bayes.core.errors import ConfigError, ModelLoadError
+from interp_bayes.model.loading import model_identity
 from interp_bayes.windtunnel.archs import MODEL_TYPES
 from interp_bayes.windtunnel.configs import ARCHS, TrainConfig
 from interp_bayes.windtunnel.tunnels import PACKAGED, Tunnel, is_tunnel, open_tunnel
@@ -40,7 +41,7 @@ def test_every_architecture_is_committed():
 def test_load_model_boots_every_committed_tunnel_with_its_hook_points(name):
     tunnel = open_tunnel(name)
     assert isinstance(tunnel, Tunnel) and tunnel.folder == PACKAGED / name and is_tunnel(tunnel.folder)
-    assert tunnel.task.name == tunnel.config.task and tunnel.identity == ib.model_identity(tunnel.folder)
+    assert tunnel.task.name == tunnel.config.task and tunnel.identity == model_identity(tunnel.folder)
     model_type = json.loads((tunnel.folder / "config.json").read_text())["model_type"]
     model = ib.load_model(name)  # the packaged name, as open_tunnel takes it; a folder works the same
     arch = tunnel.config.arch

@@ -3,15 +3,23 @@
 Raw means no LayerNorm folding, no centring and no value-bias folding, so ``blocks.L.attn.hook_v`` equals the
 model's own value projection (bias included) and logits equal Hugging Face's own forward (``native.py``: HF's
 modules run wherever no hook observes a component's inside).
+
+transformers (~4 s), accelerate and transformer_lens (~12 s) are imported inside the functions that load a model,
+and huggingface_hub (~1 s) inside those that ask about a Hub id: every command and every run imports this module
+(its registry, ``model_ref``), and most of them never load weights or never name a Hub id.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import re
+import shutil
 import socket
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -20,9 +28,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import psutil
 import torch
+from safetensors import SafetensorError
 
+from .native import run_native_when_unobserved
 from ..core.errors import ModelLoadError, ModelNotFoundError
-from ..core.store import apply_umask
+from ..core.model_ref import ModelRef
+from ..core.store import apply_umask, file_digest, write_json
 
 BF16_ABOVE_PARAMS = 3e9  # float32 up to ~3B parameters on CPU, bfloat16 above (DESIGN.md numerics)
 LOAD_OVERHEAD_BYTES = 300 * 2**20  # runtime, tokenizer and activations beside the weights
@@ -117,9 +128,7 @@ def smollm2_folder() -> Path:
 def gguf_folder(gguf: str | os.PathLike, name: str | None = None) -> Path:
     """An HF folder converted (once per file and transformers version) from a ``.gguf`` file: transformers
     dequantises it to plain float32 weights, and the folder then loads like any local checkpoint."""
-    import hashlib
-
-    import transformers
+    import transformers  # heavy: see the module's head
 
     gguf = Path(gguf).expanduser().resolve()
     stat = gguf.stat()
@@ -127,7 +136,7 @@ def gguf_folder(gguf: str | os.PathLike, name: str | None = None) -> Path:
     out = cache_dir() / f"{tag}-tf{transformers.__version__}"
     if (out / "config.json").exists():
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: see the module's head
 
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -151,15 +160,13 @@ def gguf_folder(gguf: str | os.PathLike, name: str | None = None) -> Path:
     try:
         tmp.rename(out)  # atomic: a half-written folder is never seen as converted
     except OSError:  # another process finished first
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """A quick TCP check of the Hub endpoint, so an offline machine fails in seconds instead of retrying."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # a Hub id only: see the module's head
 
     if constants.HF_HUB_OFFLINE:
         return False
@@ -215,8 +222,6 @@ def _stat_key(path: Path) -> list:
 
 def _disk_memo() -> dict:
     """The digests kept under ``cache_dir()`` (``DIGESTS_FILE``); {} when absent or unreadable."""
-    import json
-
     try:
         data = json.loads((cache_dir() / DIGESTS_FILE).read_text())
     except (OSError, ValueError):
@@ -227,8 +232,6 @@ def _disk_memo() -> dict:
 def _keep_on_disk(key: str, entry: list) -> None:
     """Add one digest to ``DIGESTS_FILE`` (read again first, so entries of other processes stay; entries of files
     that are gone are dropped). A cache that cannot be written only costs a re-hash next time."""
-    from ..core.store import write_json
-
     memo = {k: v for k, v in _disk_memo().items() if Path(k).exists()}
     memo[key] = entry
     try:
@@ -246,10 +249,6 @@ def _file_digest(path: Path) -> str:
     or replacing it sets a new mtime (and a rename a new inode), so ordinary edits are. A file modified within
     ``RACY_SECONDS`` is hashed again next time, since a second edit within one tick of a coarse clock keeps its
     mtime."""
-    import time
-
-    from ..core.store import file_digest
-
     key = str(path.resolve())
     stat = _stat_key(path)
     known = _DIGESTS.get(key)
@@ -269,17 +268,17 @@ def _file_digest(path: Path) -> str:
 _HUB_COMMITS: dict[tuple[str, str], str] = {}  # (repo, revision) -> commit the Hub named, once per process
 
 
-def _hub_commit(repo: str, revision: str | None) -> tuple[str | None, bool]:
-    """(the commit sha a Hub revision names, whether the Hub answered). Asked of the Hub when it is reachable (once
-    per process, so one run sees one commit), else read from the local HF cache (``refs/<revision>`` and its
-    snapshot: the commit an offline load uses); None when neither knows it."""
+def hub_commit(repo: str, revision: str | None = None) -> str | None:
+    """The commit sha that ``revision`` (None: ``main``) of a Hub model names now: asked of the Hub when it is
+    reachable (once per process, so one run sees one commit), else read from the local HF cache (``refs/<revision>``
+    and its snapshot: the commit an offline load uses); None when neither knows it (offline, nothing cached)."""
     rev = revision or "main"
     if COMMIT_SHA.fullmatch(rev):
-        return rev, False
+        return rev
     if (repo, rev) in _HUB_COMMITS:
-        return _HUB_COMMITS[(repo, rev)], True
+        return _HUB_COMMITS[(repo, rev)]
     if _hub_reachable():
-        import httpx
+        import httpx  # a reachable Hub only: see the module's head
         from huggingface_hub import HfApi
         from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, \
             RevisionNotFoundError
@@ -298,51 +297,57 @@ def _hub_commit(repo: str, revision: str | None) -> tuple[str | None, bool]:
             sha = None
         if sha:
             _HUB_COMMITS[(repo, rev)] = sha
-            return sha, True
-    from huggingface_hub import try_to_load_from_cache
+            return sha
+    from huggingface_hub import try_to_load_from_cache  # a Hub id only: see the module's head
 
     cached = try_to_load_from_cache(repo, "config.json", revision=rev)
-    return (Path(cached).parent.name if isinstance(cached, str) else None), False
+    return Path(cached).parent.name if isinstance(cached, str) else None
 
 
-def hub_commit(repo: str, revision: str | None = None) -> str | None:
-    """The commit sha that ``revision`` (None: ``main``) of a Hub model names now: from the Hub when it is
-    reachable, else from the local HF cache; None when neither knows it (offline, nothing cached)."""
-    return _hub_commit(repo, revision)[0]
-
-
-def _load_revision(source: str, local: bool, revision: str | None) -> str | None:
-    """The revision a load passes to transformers: for a Hub id its resolved commit, so the weights loaded are the
-    ones its identity names (and a moved ``main`` cannot slip in between); refused when it cannot be resolved."""
-    if local:
-        return revision
-    commit, _ = _hub_commit(source, revision)
-    if commit is not None:
-        return commit
+def _loadable(name_or_ref: str | os.PathLike | ModelRef, revision: str | None) -> tuple[str, str, bool, str | None]:
+    """(name as asked, source, is_local, revision to load) of a name, resolved here, or of a ``ModelRef`` resolved
+    before. A Hub id loads the commit its revision resolves to, so the weights loaded are the ones its identity names
+    (and a moved ``main`` cannot slip in between); refused when it cannot be resolved."""
+    if isinstance(name_or_ref, ModelRef):
+        if revision is not None:
+            raise ModelLoadError(f"'{name_or_ref.name}' is a resolved model reference, which carries its revision "
+                                 f"({name_or_ref.revision!r}); pass revision= with a name, not with a reference.")
+        name, source, local, commit = name_or_ref.name, name_or_ref.source, name_or_ref.local, name_or_ref.commit
+        revision = name_or_ref.revision
+    else:
+        name = os.fspath(name_or_ref)
+        source, local = resolve(name, revision)
+        commit = None if local else hub_commit(source, revision)
+    if local or commit is not None:
+        return name, source, local, commit
     if not _hub_reachable():
         raise _hub_unavailable(source)
     raise ModelNotFoundError(f"Cannot resolve revision {revision or 'main'!r} of '{source}' to a commit (the Hub did "
                              "not say); retry, or pass the commit sha as the revision.")
 
 
-def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
-    """What determines a model's numbers, however its name was spelled: a Hub id with the commit its revision
-    resolves to (``hub_commit``: a moved ``main`` is a new model), or for a local folder (also an alias or a .gguf
-    file, once resolved) a digest of its top-level files (config, tokenizer and weights: names and whole contents,
-    see ``_file_digest``). The folder's path is left out, so a copy elsewhere is the same model, and any changed
-    file makes a new one. A Hub revision that cannot be resolved (offline, not in the HF cache) keeps its name with
-    ``commit: None``: nothing can load under that identity (``load_model`` refuses), so no number is stored under
-    it."""
-    import hashlib
-
-    source, local = resolve(name_or_path, revision)
+def model_ref(name_or_path: str | os.PathLike, revision: str | None = None, dtype: str | None = None) -> ModelRef:
+    """An alias, folder, .gguf file or Hub id resolved once: where it is and what determines its numbers. A Hub id
+    gets the commit its revision resolves to (``hub_commit``: a moved ``main`` is a new model); a local folder (also
+    an alias or a .gguf file, once resolved) a digest of its top-level files (config, tokenizer and weights: names
+    and whole contents, see ``_file_digest``). The folder's path is left out of the digest, so a copy elsewhere is
+    the same model, and any changed file makes a new one. A run builds one and hands it to its id, its context and
+    the loader (``load_model(ref)``), so none of them resolves the name again."""
+    name = os.fspath(name_or_path)
+    source, local = resolve(name, revision)
     if not local:
-        commit = hub_commit(source, revision)
-        return dict(hub=source, commit=commit) if commit else dict(hub=source, revision=revision, commit=None)
+        return ModelRef(name, source, False, revision, commit=hub_commit(source, revision), dtype=dtype)
     h = hashlib.sha256()
     for path in sorted(p for p in Path(source).iterdir() if p.is_file()):
         h.update(f"{path.name}:{_file_digest(path)};".encode())
-    return dict(folder_digest=h.hexdigest()[:16], revision=revision)
+    return ModelRef(name, source, True, revision, digest=h.hexdigest()[:16], dtype=dtype)
+
+
+def model_identity(name_or_path: str | os.PathLike, revision: str | None = None) -> dict:
+    """What determines a model's numbers, however its name was spelled (``model_ref(...).identity``). A Hub revision
+    that cannot be resolved (offline, not in the HF cache) keeps its name with ``commit: None``: nothing can load
+    under that identity (``load_model`` refuses), so no number is stored under it."""
+    return model_ref(name_or_path, revision).identity
 
 
 def _hub_unavailable(hub_id: str) -> ModelNotFoundError:
@@ -355,7 +360,7 @@ def _hub_unavailable(hub_id: str) -> ModelNotFoundError:
 
 def load_config(source: str, *, local: bool, revision: str | None = None, trust_remote_code: bool = False):
     """The HF config of a folder or Hub id, from the HF cache first; fails fast when the Hub is unreachable."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: see the module's head
 
     try:
         return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code,
@@ -373,7 +378,7 @@ def load_config(source: str, *, local: bool, revision: str | None = None, trust_
 
 
 def _check_causal_lm(config, source: str) -> None:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # heavy: module's head
 
     archs = getattr(config, "architectures", None) or []
     if archs:
@@ -389,7 +394,7 @@ def _check_causal_lm(config, source: str) -> None:
 
 def _empty_model(config):
     """The model built on the meta device from its config: shapes without memory (accelerate's init_empty_weights)."""
-    from accelerate import init_empty_weights
+    from accelerate import init_empty_weights  # heavy: see the module's head
     from transformers import AutoModelForCausalLM
 
     with init_empty_weights():
@@ -461,7 +466,7 @@ def plan_devices(empty_model, dtype: torch.dtype, device_map: str | dict | None 
     """Where every module of a model built on the meta device (``_empty_model``) goes, without loading weights:
     ``device_map`` as ``from_pretrained`` resolves it (accelerate's "auto", "balanced", "balanced_low_0",
     "sequential" under ``max_memory``; a dict as given, checked to cover every weight), or all of it on ``device``."""
-    from transformers.integrations.accelerate import compute_module_sizes
+    from transformers.integrations.accelerate import compute_module_sizes  # heavy: see the module's head
 
     model = empty_model.to(dtype)
 
@@ -470,7 +475,7 @@ def plan_devices(empty_model, dtype: torch.dtype, device_map: str | dict | None 
         placed = {"": _device_name(device or ("cuda" if torch.cuda.is_available() else "cpu"))}
     elif isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
         # transformers' own resolver, so the preflight checks the very map from_pretrained loads
-        from transformers.integrations.accelerate import _get_device_map
+        from transformers.integrations.accelerate import _get_device_map  # heavy: see the module's head
 
         placed = {k: _device_name(v) for k, v in _get_device_map(model, device_map, max_memory, None).items()}
     elif isinstance(device_map, dict):
@@ -510,8 +515,6 @@ def _device_of(placed: dict[str, str], module: str) -> str:
 def _free_bytes(device: str, offload_folder: str | os.PathLike | None) -> int:
     """Bytes free now on a device: RAM for 'cpu', free memory of a CUDA device, free space under the offload folder
     for 'disk'. A device that does not exist here is refused."""
-    import shutil
-
     if device == "cpu":
         return psutil.virtual_memory().available
     if device == "disk":
@@ -591,7 +594,7 @@ def check_weights(name: str, source: str, local: bool, allow_pickle: bool = Fals
 
 
 def _tokenizer(source: str, kw: dict):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: see the module's head
 
     try:
         return AutoTokenizer.from_pretrained(source, **kw)
@@ -600,17 +603,17 @@ def _tokenizer(source: str, kw: dict):
                              "tokenizer.save_pretrained(folder).") from err
 
 
-def load_tokenizer(name_or_path: str | os.PathLike, *, revision: str | None = None, trust_remote_code: bool = False):
+def load_tokenizer(name_or_path: str | os.PathLike | ModelRef, *, revision: str | None = None,
+                   trust_remote_code: bool = False):
     """The checkpoint's own tokenizer (its own BOS policy) without loading weights; offline Hub ids fail fast with
-    the fix, as ``load_model`` does."""
-    source, local = resolve(name_or_path, revision)
-    revision = _load_revision(source, local, revision)
+    the fix, as ``load_model`` does. A ``ModelRef`` is not resolved again."""
+    _, source, local, revision = _loadable(name_or_path, revision)
     load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     return _tokenizer(source, _load_kwargs(local, revision, trust_remote_code))
 
 
 def load_model(
-    name_or_path: str | os.PathLike = DEFAULT_MODEL,
+    name_or_path: str | os.PathLike | ModelRef = DEFAULT_MODEL,
     *,
     dtype: torch.dtype | str | None = None,
     device: str | torch.device | None = None,
@@ -623,7 +626,8 @@ def load_model(
 ):
     """Load an alias, a local HF folder or a Hub id as a raw-weight ``TransformerBridge`` in eval mode.
 
-    Weights load from safetensors only: a checkpoint with pickle weights only (``pytorch_model.bin``, ``*.pt``) is
+    A ``ModelRef`` (``model_ref``) loads what it was resolved to, without resolving it again; its dtype is the
+    default of ``dtype``. Weights load from safetensors only: a checkpoint with pickle weights only (``pytorch_model.bin``, ``*.pt``) is
     refused, since unpickling runs any code the file holds, unless ``allow_pickle=True`` (``--allow-pickle``). A
     Hub id loads the commit its revision resolves to now (``hub_commit``; recorded as ``model_info(m).commit``).
 
@@ -641,17 +645,16 @@ def load_model(
     modules mapped to "disk" go to ``offload_folder``). Each device's share is checked before anything loads, and
     the error names the device that cannot hold it. Hooks then run on each layer's own device.
     """
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy: see the module's head
     from transformer_lens.model_bridge import TransformerBridge
-
-    from .native import run_native_when_unobserved
 
     if device is not None and device_map is not None:
         raise ModelLoadError("Pass device= (one device) or device_map= (several), not both.")
-    name = os.fspath(name_or_path)
-    source, local = resolve(name, revision)
-    asked, revision = revision, _load_revision(source, local, revision)
+    if isinstance(name_or_path, ModelRef):
+        asked, dtype = name_or_path.revision, dtype or name_or_path.dtype
+    else:
+        asked = revision
+    name, source, local, revision = _loadable(name_or_path, revision)
     config = load_config(source, local=local, revision=revision, trust_remote_code=trust_remote_code)
     _check_causal_lm(config, source)
     check_weights(name, source, local, allow_pickle)
@@ -702,7 +705,7 @@ def checkpoint_tokenizer(model):
     tok = model.tokenizer
     folder = Path(str(getattr(tok, "name_or_path", "") or ""))
     if folder.is_dir():
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: see the module's head
 
         own = AutoTokenizer.from_pretrained(folder)
     model._ib_tokenizer = own or tok

@@ -11,9 +11,10 @@ import yaml
 
 from ..core.checks import device_problem, path_problem, refuse, seed_problem
 from ..core.errors import ConfigError
+from ..core.model_ref import ModelRef
 from ..core.plugin import is_int
 from ..core.store import parse_yaml, read_yaml
-from ..model.loading import DEFAULT_MODEL
+from ..model.loading import DEFAULT_MODEL, model_ref
 
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
@@ -79,14 +80,20 @@ class SweepConfig:
         if not isinstance(self.overrides, dict) or not all(isinstance(v, dict) for v in self.overrides.values()):
             raise bad("overrides", "a mapping of probe name to parameters (e.g. {icl: {per_k: 20}})")
 
-    def digest(self) -> str:
-        """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
-        its resolved identity (``model.loading.model_identity``), so an alias, a relative path, an absolute path and a path
-        with a trailing slash give one id, and a folder whose weights changed gives a new one."""
-        from ..model.loading import model_identity
+    def model_ref(self) -> ModelRef:
+        """The model resolved (``model.loading.model_ref``): a run calls this once and passes the result on."""
+        return model_ref(self.model, self.revision, self.dtype)
 
+    def digest(self, ref: ModelRef | None = None) -> str:
+        """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
+        its resolved identity (``ref``, else ``model_ref()`` now), so an alias, a relative path, an absolute path and
+        a path with a trailing slash give one id, and a folder whose weights changed gives a new one."""
+        ref = ref or self.model_ref()
+        if (ref.name, ref.revision, ref.dtype) != (self.model, self.revision, self.dtype):
+            raise ValueError(f"The model reference {ref.name!r} (revision {ref.revision!r}, dtype {ref.dtype!r}) is "
+                             "not this config's model; pass config.model_ref().")
         d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST | {"model", "revision"}}
-        d["model"] = model_identity(self.model, self.revision)
+        d["model"] = ref.identity
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
     def to_yaml(self) -> str:

@@ -25,18 +25,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+from threadpoolctl import threadpool_limits
+
 from .. import __version__
-from .config import SweepConfig
+from .config import SweepConfig, merge
 from ..core.errors import CacheError, ConfigError
 from ..core.layers import resolve_layers
+from ..core.model_ref import ModelRef
 from ..core.plugin import Kind, Params, PlanItem
-from ..core.registry import get_kind
-from ..core.prompts import package_data_dir
-from ..core.results import Row, write_rows
+from ..core.prompts import load_source, package_data_dir
+from ..core.registry import get_kind, provenance
+from ..core.results import Row, records, to_csv, write_rows
 from ..core.stop import check_stop
 from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
-    environment, git_commit, inside, read_json, remove_if_unused, seal, slug, stage_lock, unseal, warn, working_in,
-    write_json)
+    environment, git_commit, inside, read_json, read_yaml, remove_if_unused, seal, slug, stage_lock, unseal, warn,
+    working_in, write_json)
+from ..model.loading import checkpoint_tokenizer, load_config, load_model, load_tokenizer, model_identity, model_info
+from ..report.html import Report, build_report
+from ..report.view import RunView
 
 PROBES_DIR = package_data_dir("probes")
 
@@ -54,8 +61,6 @@ class Probe:
     def key(self) -> str:
         """The stage's identity: what it computes, not what it is called. A model folder the parameters name (a wind
         tunnel) enters by its content (``model_identity``: whole-file digests, memoised), not its path."""
-        from ..model.loading import model_identity
-
         named = {name: model_identity(folder) for name, folder in self.params.checkpoints().items()}
         return content_key(self.kind.name, self.kind.version, self.params.to_dict(), named, __version__)
 
@@ -67,9 +72,6 @@ def builtin_probes() -> list[str]:
 def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = None) -> Probe:
     """A built-in recipe by name or a YAML file with ``kind:`` and parameters (unknown parameters are refused).
     ``overrides[probe name]``, if present, is merged over the recipe's parameters (``config.merge``)."""
-    from ..core.store import read_yaml
-    from .config import merge
-
     path = Path(name_or_path)
     if not path.suffix:
         path = PROBES_DIR / f"{name_or_path}.yaml"
@@ -93,10 +95,12 @@ def load_probe(name_or_path: str | Path, overrides: dict[str, dict] | None = Non
     return Probe(name=name, kind=kind, params=params, kind_ref=ref, default=default)
 
 
-def run_folder(config: SweepConfig) -> Path:
+def run_folder(config: SweepConfig, ref: ModelRef | None = None) -> Path:
+    """``<out>/<model slug>/<run key>``; ``ref``: the config's model resolved (``config.model_ref()``), else
+    resolved here."""
     model = config.model.rstrip("/")
     root = Path(config.out)
-    return inside(root, root / slug(Path(model).name if Path(model).exists() else model) / config.digest())
+    return inside(root, root / slug(Path(model).name if Path(model).exists() else model) / config.digest(ref))
 
 
 class Context:
@@ -104,25 +108,31 @@ class Context:
     activation sets, and its own folder for files it saves."""
 
     def __init__(self, folder: Path, config: SweepConfig, say: Callable[..., None], model=None,
-                 identity: dict | None = None, dry_run: bool = False) -> None:
+                 identity: dict | None = None, dry_run: bool = False, ref: ModelRef | None = None) -> None:
         """``model``: an already loaded model (else ``config.model`` is loaded on first use); ``identity``: its
         identity in the cache keys, for a model that ``config.model`` does not name (e.g. one built in memory);
-        ``dry_run``: a plan, which writes nothing."""
+        ``dry_run``: a plan, which writes nothing; ``ref``: ``config.model_ref()`` when the caller has it (else
+        resolved on first use)."""
         self.folder, self.config, self.say, self.dry_run = folder, config, say, dry_run
         self.probe_folder = folder
         self.redo = False  # recompute activation sets too (``--redo``)
         self._model = model
         self._tokenizer = None
         self._identity = identity
+        self._ref = ref
+
+    @property
+    def ref(self) -> ModelRef:
+        """The sweep's model, resolved once: its identity, and where the loader, tokenizer and config come from."""
+        if self._ref is None:
+            self._ref = self.config.model_ref()
+        return self._ref
 
     @property
     def model(self):
         if self._model is None:
-            from ..model.loading import load_model
-
             t = time.perf_counter()
-            self._model = load_model(self.config.model, dtype=self.config.dtype, device=self.config.device,
-                                     revision=self.config.revision, allow_pickle=self.config.allow_pickle)
+            self._model = load_model(self.ref, device=self.config.device, allow_pickle=self.config.allow_pickle)
             self.say(f"loaded {self.config.model} in {time.perf_counter() - t:.1f}s")
         return self._model
 
@@ -130,29 +140,20 @@ class Context:
     def tokenizer(self):
         """The checkpoint's own tokenizer (its BOS policy), without loading the weights when they are not needed."""
         if self._tokenizer is None:
-            from ..model.loading import checkpoint_tokenizer, load_tokenizer
-
             self._tokenizer = (checkpoint_tokenizer(self._model) if self._model is not None else
-                               load_tokenizer(self.config.model, revision=self.config.revision))
+                               load_tokenizer(self.ref))
         return self._tokenizer
 
     @property
     def identity(self) -> dict:
-        if self._identity is None:
-            from ..model.loading import model_identity
-
-            self._identity = model_identity(self.config.model, self.config.revision)
-        return self._identity
+        return self._identity if self._identity is not None else self.ref.identity
 
     def n_layers(self) -> int:
         """The model's depth: from the loaded model, else its config (no weights loaded). Never from the run folder's
         ``model.json``, a record for the report: the config is part of the model's identity, the record is not."""
         if self._model is not None:
             return self._model.cfg.n_layers
-        from ..model.loading import load_config, resolve
-
-        source, local = resolve(self.config.model)
-        cfg = load_config(source, local=local, revision=self.config.revision)
+        cfg = load_config(self.ref.source, local=self.ref.local, revision=self.ref.load_revision)
         n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
         if n is None:
             return self.model.cfg.n_layers
@@ -236,10 +237,7 @@ class Context:
 
     def site_dims(self) -> dict[str, int]:
         """Widths of the readings (from the config, no weights loaded): v, z, resid, attn_entropy."""
-        from ..model.loading import load_config, resolve
-
-        source, local = resolve(self.config.model)
-        cfg = load_config(source, local=local, revision=self.config.revision)
+        cfg = load_config(self.ref.source, local=self.ref.local, revision=self.ref.load_revision)
         d = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0)
         heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1)
         d_head = getattr(cfg, "head_dim", None) or d // heads
@@ -262,36 +260,25 @@ class Run:
     @property
     def rows(self) -> list[Row]:
         """Every number of the run, as tidy rows."""
-        from ..report.view import RunView
-
         return RunView.load(self.folder).rows()
 
     def table(self):
         """The tidy rows as a pandas DataFrame (one row per number; scope keys as columns), as ``results.csv``."""
-        import pandas as pd
-
-        from ..core.results import records
-        from ..report.view import RunView
+        import pandas as pd  # heavy, and only this table needs it
 
         view = RunView.load(self.folder)
         return pd.DataFrame(records(view.rows(), view.origins()))
 
     def summary(self) -> list:
         """The summary lines (label, value, verdict, paper key) of every finished probe."""
-        from ..report.view import RunView
-
         return RunView.load(self.folder).summary()
 
     def report(self):
         """Build (or rebuild) ``report.html`` from the run folder; the result shows inline in Jupyter."""
-        from ..report.html import Report
-
         return Report.build(self.folder)
 
     def figure(self, figure_id: str | None = None):
         """A figure of the run by id (the first one when None), as a plotly figure."""
-        from ..report.view import RunView
-
         figs = [f for f in RunView.load(self.folder).figures() if not isinstance(f.content, str)]
         for f in figs:
             if figure_id is None or f.id == figure_id:
@@ -356,13 +343,14 @@ def stage_problem(folder: Path, key: str) -> str | None:
     return None
 
 
-def plan_sweep(config: SweepConfig, redo: Sequence[str] = ()) -> list[PlanItem]:
+def plan_sweep(config: SweepConfig, redo: Sequence[str] = (), ref: ModelRef | None = None) -> list[PlanItem]:
     """What ``run_sweep`` would do: per probe, cached or not, and the activation sets and forward passes the rest
     needs (``--dry-run``). Refuses what the run refuses (``check_probes``); loads the tokenizer and config, never
-    the weights, and writes nothing."""
+    the weights, and writes nothing. ``ref``: ``config.model_ref()`` when the caller has it."""
     probes = load_probes(config)
-    folder = run_folder(config)
-    ctx = Context(folder, config, lambda *_: None, dry_run=True)
+    ref = ref or config.model_ref()
+    folder = run_folder(config, ref)
+    ctx = Context(folder, config, lambda *_: None, dry_run=True, ref=ref)
     check_probes(ctx, probes, redo)
     items, owner = [], {}
     for probe in probes:
@@ -389,9 +377,6 @@ def cpu_threads(threads: int | None):
     product and eigendecomposition of the statistics, and a thread that spins waiting for a core another job holds
     costs more than it brings: a bootstrap of PCA shares ran 8-10x slower in wall time at two BLAS threads than at
     one beside a one-thread sweep on the shared 2-core machine (docs/performance.md)."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
     if threads:
         torch.set_num_threads(threads)
     with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
@@ -449,14 +434,14 @@ class Estimate:
         return sum(self.seconds.values()) + (self.load if "throughput" in self.source.values() else 0.0)
 
 
-def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, float, float | None] | None:
+def calibrate(config: SweepConfig, items: list[PlanItem],
+              ref: ModelRef | None = None) -> tuple[float, str, float, float | None] | None:
     """(seconds per prompt forward of the sweep's model on this machine, how it was timed, seconds to load the
     model, this machine's pace against the reference one or None): a short forward (after a warm-up) of the first
     prompts of the activation set that needs the most forwards, batched as a sweep batches them; on the reference
     model also the reference sample's (``reference_pace``). Nothing is written. None when no set of the sweep's model
-    needs collecting (nothing to time)."""
+    needs collecting (nothing to time). ``ref``: ``config.model_ref()`` when the caller has it."""
     from ..model.collect import collect
-    from ..model.loading import load_model
 
     sets = [i for i in items if i.sample and not i.model]
     if not sets:
@@ -464,8 +449,7 @@ def calibrate(config: SweepConfig, items: list[PlanItem]) -> tuple[float, str, f
     big = max(sets, key=lambda i: i.forwards)
     with cpu_threads(config.threads):
         t = time.perf_counter()
-        model = load_model(config.model, dtype=config.dtype, device=config.device, revision=config.revision,
-                           allow_pickle=config.allow_pickle)
+        model = load_model(ref or config.model_ref(), device=config.device, allow_pickle=config.allow_pickle)
         load = time.perf_counter() - t
         ids = big.sample
         collect(model, ids[:2], progress=False)  # warm-up
@@ -482,7 +466,6 @@ def reference_pace(model, config: SweepConfig) -> float:
     """Seconds per prompt of the reference sample (the first ``CALIBRATION_PROMPTS`` prompts of the built-in pool,
     batched as a sweep batches them) over ``REFERENCE_FORWARD``: how much slower than the reference this machine
     runs now."""
-    from ..core.prompts import load_source
     from ..model.collect import collect
 
     texts = list(load_source("pool")["text"][:CALIBRATION_PROMPTS])
@@ -492,13 +475,15 @@ def reference_pace(model, config: SweepConfig) -> float:
 
 
 def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | None = None,
-             calibration: str = "", load: float = 0.0, pace: float | None = None) -> Estimate:
+             calibration: str = "", load: float = 0.0, pace: float | None = None, *,
+             ref: ModelRef | None = None) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
     ``--out`` (its stage.json); else a shipped recipe's ``REFERENCE_SECONDS`` times this machine's ``pace`` (1 when
     unknown; analyses, wind tunnels and draws stopped early included); else, with ``per_forward`` measured, the
     probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel forwards not
-    counted, and capped draws counted to their cap); without either, a probe is untimed."""
-    folder = run_folder(config)
+    counted, and capped draws counted to their cap); without either, a probe is untimed. ``ref``:
+    ``config.model_ref()`` when the caller has it."""
+    folder = run_folder(config, ref)
     probes = {p.name: p for p in load_probes(config)}
     todo = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
     seconds, source = {}, {}
@@ -556,10 +541,11 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     recompute (with their activation sets) even when cached.
     """
     probes = load_probes(config)
-    folder = run_folder(config)
+    ref = config.model_ref()  # resolved once: the run's id, its cache keys and its load all use it
+    folder = run_folder(config, ref)
     run = Run(folder, config)
     say = (lambda *_: None) if config.quiet else print
-    ctx = Context(folder, config, say, model)
+    ctx = Context(folder, config, say, model, ref=ref)
     check_probes(ctx, probes, redo)  # before anything is written
     created = _create(folder)
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
@@ -692,10 +678,6 @@ def _record_text(folder: Path) -> str:
 def _run_probe(ctx: Context, probe: Probe, pfolder: Path, *, redo: bool) -> None:
     """Compute a probe into a temporary folder that replaces ``pfolder`` only when it succeeds, so a failure leaves
     the previous results (and the views of them) as they were."""
-    import torch
-
-    from ..core.registry import provenance
-
     _write_model_json(ctx)
     with building(pfolder) as tmp:
         ctx.probe_folder, ctx.redo = tmp, redo
@@ -739,8 +721,6 @@ def _as_json(obj):
 def _write_model_json(ctx: Context, load: bool = False) -> None:
     """Record the loaded model's provenance in ``model.json`` for the report, unless the file holds it already, so
     a damaged or edited one is written again by the next sweep that loads the model (``load``: load it for this)."""
-    from ..model.loading import model_info
-
     if ctx._model is None and not load:
         return
     cfg = ctx.model.cfg
@@ -756,10 +736,6 @@ def _write_model_json(ctx: Context, load: bool = False) -> None:
 
 def _views(folder: Path) -> None:
     """Rebuild the tidy table and the report from the folder (after every probe, so partial runs are reported)."""
-    from ..report.html import build_report
-    from ..report.view import RunView
-    from ..core.results import to_csv
-
     with stage_lock(folder, "views"):  # a concurrent process's rebuild cannot overwrite this one with older rows
         view = RunView.load(folder)
         atomic_write_text(folder / "results.csv", to_csv(view.rows(), view.origins()))

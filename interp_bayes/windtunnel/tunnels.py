@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CacheError, ConfigError, ModelLoadError
+from ..core.model_ref import ModelRef
 from ..core.store import read_json
 from ..model.loading import DEFAULT_MODEL, ModelInfo, model_identity
 from ..model.loading import load_model as load_llm
@@ -113,7 +114,7 @@ def boot(folder: Path, config: TrainConfig, **load: Any):
     model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     if model_type is None or not model_type.startswith("windtunnel_"):
         return load_llm(folder, **load)
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # heavy (~4 s): only a tunnel that boots needs it
 
     from .archs import MODEL_TYPES  # imports TransformerLens: only for these architectures
 
@@ -134,15 +135,16 @@ def boot(folder: Path, config: TrainConfig, **load: Any):
     return model
 
 
-def load_model(name_or_path: str | os.PathLike = DEFAULT_MODEL, **kwargs: Any):
+def load_model(name_or_path: str | os.PathLike | ModelRef = DEFAULT_MODEL, **kwargs: Any):
     """``ib.load_model``: an alias, a local HF folder or a Hub id as a raw-weight ``TransformerBridge``
     (``model.loading.load_model``, which documents ``kwargs``), and a wind tunnel (a folder holding windtunnel.json,
     or a packaged one's name) booted through ``open_tunnel``, whatever its architecture: a bridge for the
     transformer and Mamba, the architecture's own TransformerLens-hooked module for the MLPs and the LSTM (see this
-    module's docstring for their hook points)."""
-    if not is_tunnel(name_or_path):
+    module's docstring for their hook points). A ``ModelRef`` (``model.loading.model_ref``) loads what it resolved."""
+    where = name_or_path.source if isinstance(name_or_path, ModelRef) else name_or_path
+    if not is_tunnel(where):
         return load_llm(name_or_path, **kwargs)
-    tunnel = open_tunnel(name_or_path)
+    tunnel = open_tunnel(where)
     return boot(tunnel.folder, tunnel.config, **kwargs)
 
 
