@@ -31,12 +31,13 @@ _EXPORTS = {
     "core.prompts": ["builtin_prompt_sets", "load_hf_prompts", "load_prompts", "load_source", "stratified_sample"],
     "core.registry": ["get_kind", "register"],
     "core.results": ["Row"],
-    "model.collect": ["Activations", "collect", "logit_entropy_bits", "query_readings"],
+    "model.collect": ["collect", "query_readings"],
     "model.edits": ["AxisCut", "AxisOnly", "AxisSet", "AxisShift", "SubspaceCut", "SubspaceOnly", "intervene",
                     "onmanifold_op"],
     "model.loading": ["ModelInfo", "ModelSpec", "checkpoint_tokenizer", "list_models", "model_identity",
                       "model_info"],
     "model.native": ["run_native_when_unobserved"],
+    "model.read": ["Activations", "Sequences", "continuous_inputs", "logit_entropy_bits", "read"],
     "report.grid": ["build_grid_page"],
     "report.html": ["Report", "build_compare", "build_report"],
     "run.config": ["SweepConfig"],
@@ -54,7 +55,7 @@ _EXPORTS = {
     "tasks.icl": ["SULATask"],
     "tasks.kalman": ["KalmanTask"],
     "windtunnel.evaluate": ["evaluate_windtunnel"],
-    "windtunnel.kalman": ["continuous_inputs", "evaluate_kalman", "kalman_readings"],
+    "windtunnel.kalman": ["evaluate_kalman", "kalman_readings"],
     "windtunnel.train": ["train_windtunnel"],
     "windtunnel.tunnels": ["Tunnel", "load_model", "open_tunnel"],  # load_model: an LLM or a tunnel of any arch
 }

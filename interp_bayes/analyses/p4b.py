@@ -41,7 +41,8 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.results import Row
-from ..model.collect import Activations, query_readings
+from ..model.collect import query_readings
+from ..model.read import Activations
 from ..model.edits import intervene
 from ..stats import as_float64, centre_within, covariate_basis, info
 from ..stats.clusters import cluster_alignment, cluster_count

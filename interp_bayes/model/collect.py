@@ -1,7 +1,6 @@
 """The toolkit's long-standing reading functions, each a call of the one reader (``model.read.read``): ``collect``
 (final-token readings and entropy of a prompt set), ``token_values`` (every position of each prompt) and
-``query_readings`` (a task batch's query positions). The reader's helpers are re-exported here, where callers have
-always imported them."""
+``query_readings`` (a task batch's query positions)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.layers import resolve_layers
-from .read import (REDUCTIONS, Activations, check_prompts, checked, final_logits,  # noqa: F401 (re-exported)
-                   final_position_tail, length_batches, logit_entropy_bits, prompt_digest, read, sites_of, tokenize)
+from .read import REDUCTIONS, Activations, read, sites_of
 
 
 def collect(

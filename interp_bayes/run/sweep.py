@@ -163,7 +163,7 @@ class Context:
         return resolve_layers(spec, self.n_layers(), self.config.layers)
 
     def _acts_key(self, token_ids: Sequence[Sequence[int]], layers, readings, label_tokens, model_id) -> str:
-        from ..model.collect import prompt_digest
+        from ..model.read import prompt_digest
 
         return content_key(model_id or self.identity, self.config.dtype, prompt_digest([list(t) for t in token_ids]),
                            sorted(layers), sorted(readings), list(label_tokens) if label_tokens is not None else None,
@@ -191,7 +191,8 @@ class Context:
         whose identity is then ``model_id``) and saved. Loading checks every file's digest and the stored prompt
         digest; a damaged set is collected again, with one warning. Under the set's lock, so that two sweeps asking
         for it at once collect it once."""
-        from ..model.collect import Activations, collect, prompt_digest
+        from ..model.collect import collect
+        from ..model.read import Activations, prompt_digest
 
         ids = self.token_ids(prompts)
         path = self.acts_path(label, ids, layers=layers, readings=readings, label_tokens=label_tokens,
