@@ -61,7 +61,7 @@ def measure_rss(name: str, threads: int, bare_hf: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
     import interp_bayes as ib
-    from interp_bayes.model.collect import length_batches
+    from interp_bayes.model.read import length_batches
     from interp_bayes.model.loading import load_tokenizer, resolve
 
     if bare_hf:
@@ -101,7 +101,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     import interp_bayes as ib
-    from interp_bayes.model.collect import final_logits, length_batches
+    from interp_bayes.model.read import final_logits, length_batches
 
     model = ib.load_model(args.model)
     folder = ib.model_info(model).source

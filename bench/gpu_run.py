@@ -309,7 +309,7 @@ def bench_collect(bridge, folder: Path, args, device: str, dtype: torch.dtype) -
     from transformers import AutoModelForCausalLM
 
     import interp_bayes as ib
-    from interp_bayes.model.collect import length_batches
+    from interp_bayes.model.read import length_batches
 
     extract = load_bench("extract")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa",

@@ -233,8 +233,9 @@ class CollectingContext:
 
     config = type("Config", (), {"layers": "all"})()
 
-    def activations(self, label, prompts, *, model, model_id, layers, readings, label_tokens):
-        return ib.collect(model, prompts, layers=layers, readings=readings, label_tokens=label_tokens, progress=False)
+    def activations(self, label, prompts, *, subject, layers, readings, label_tokens):
+        return ib.collect(subject.model, prompts, layers=layers, readings=readings, label_tokens=label_tokens,
+                          progress=False)
 
 
 @pytest.mark.parametrize("arch", ["lstm", "mamba"])

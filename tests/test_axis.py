@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from interp_bayes.analyses.axis import EntropyAxis, fit_entropy_axis
-from interp_bayes.model.collect import Activations
+from interp_bayes.model.read import Activations
 
 
 def fake_acts(x, y, dtype=torch.float32):

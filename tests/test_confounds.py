@@ -9,7 +9,7 @@ from interp_bayes.analyses.axis import cross_fitted_projections, fit_entropy_axi
 from interp_bayes.stats.confounds import covariate_matrix, nuisance_columns, select_covariates
 from interp_bayes.stats import deconfounded_correlation, fine_strata, residualize
 from interp_bayes.core.errors import ConfigError
-from interp_bayes.model.collect import Activations
+from interp_bayes.model.read import Activations
 
 
 def acts_of(x, y):

@@ -12,7 +12,7 @@ from sklearn.preprocessing import StandardScaler
 from interp_bayes.stats.confounds import covariate_matrix, nuisance_columns
 from interp_bayes.stats import ALPHAS
 from interp_bayes.analyses.decoding import cross_fitted_decoding, decoding_curve
-from interp_bayes.model.collect import Activations
+from interp_bayes.model.read import Activations
 
 
 def fake_acts(by_layer: dict[int, np.ndarray], entropy: np.ndarray) -> Activations:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import load_hf
-from interp_bayes.model.collect import Activations, collect, length_batches, logit_entropy_bits
+from interp_bayes.model.collect import collect
+from interp_bayes.model.read import Activations, length_batches, logit_entropy_bits
 from interp_bayes.model.loading import load_model
 from interp_bayes.model.testing import float32_lambda, float32_spread
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from interp_bayes.model.edits import AxisCut
-from interp_bayes.model.collect import final_position_tail
+from interp_bayes.model.read import final_position_tail
 from interp_bayes.model.prefix import capture_residuals, per_copy, replay_prefix
 
 

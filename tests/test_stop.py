@@ -65,12 +65,12 @@ def test_sigterm_inside_a_finaliser_ends_the_sweep_with_143(tiny_model, tmp_path
                                                              calls):
     from transformers import AutoTokenizer
 
-    import interp_bayes.model.collect as collect
+    import interp_bayes.model.read as reader
 
     if where == "tokenisation":  # every tokenizer of the checkpoint: the sweep's and the collector's
         count = _signal_on_calls(monkeypatch, type(AutoTokenizer.from_pretrained(tiny_model)), "__call__", calls)
-    else:  # one forward pass per batch of the collector
-        count = _signal_on_calls(monkeypatch, collect, "final_logits", calls)
+    else:  # one forward pass per batch of the reader
+        count = _signal_on_calls(monkeypatch, reader, "final_logits", calls)
     before = signal.getsignal(signal.SIGTERM)
     code = cli.main(_sweep_args(tiny_model, tmp_path))
     err = capsys.readouterr().err

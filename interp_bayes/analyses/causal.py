@@ -298,7 +298,7 @@ def model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_
     One clean pass per batch of equal length captures the residual entering the first block the edit can change
     (``model.prefix.capture_residuals``); each interchange replays it (``replay_prefix``) with the final position's
     vector replaced, so only the blocks from the site on compute. Log-probabilities are over ``label_tokens``."""
-    from ..model.collect import final_logits, final_position_tail, length_batches, tokenize
+    from ..model.read import final_logits, final_position_tail, length_batches, tokenize
     from ..model.hooks import reading_hook
     from ..model.prefix import capture_residuals, replay_prefix
 

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
+from ..model.hooks import reading_hook
+from ..model.read import Sequences, read, tokenize
 from ..stats import as_float64, bootstrap_means, fit_ridge, info, interval
 
 # a readout: (edited states [n, d], their rows [n] into the state table) -> dict with "spread" [n] and "mean" [n]
@@ -184,8 +186,7 @@ def kalman_move(bridge, task, *, layer: int, n_sequences: int = 200, seed: int =
     observation step, the stratum is the step, the exact spread and mean are the filter's (``kalman_readings``),
     and the readout reruns each sequence with the state written at its step and reads the Gaussian head there.
     Fit and evaluation halves hold whole sequences."""
-    from ..windtunnel.kalman import continuous_inputs, gaussian_head, kalman_readings
-    from ..model.hooks import reading_hook
+    from ..windtunnel.kalman import gaussian_head, kalman_readings
 
     acts, cols = kalman_readings(bridge, task, n_sequences, seed=seed, layers=[layer], readings=("resid",))
     states = acts.readings["resid"][layer].double().numpy()
@@ -214,9 +215,10 @@ def kalman_move(bridge, task, *, layer: int, n_sequences: int = 200, seed: int =
                 return act
 
             feats = batch.features[seq[rows[at]]]
-            with continuous_inputs(bridge, feats) as tokens, bridge.hooks(fwd_hooks=[(hook, write)]):
-                logits = bridge(tokens)
-            mu, chol = gaussian_head(logits[:, pos][..., task.readout_ids].double().cpu(), task.state_dim)
+            with bridge.hooks(fwd_hooks=[(hook, write)]):
+                got = read(bridge, Sequences(qpos[t:t + 1], features=feats), (), "queries",
+                           logit_ids=task.readout_ids, batch_size=len(feats))
+            mu, chol = gaussian_head(got.logits.double(), task.state_dim)
             spread[at] = as_float64(spread_of(chol @ chol.mT))
             mean[at] = as_float64(mu)
         return dict(spread=spread, mean=mean)
@@ -234,11 +236,7 @@ def token_readout(model, prompts: list, layer: int, summarize: Callable[[torch.T
     predicted (mean, spread) per row (e.g. of the next-number distribution over ``number_tokens``); ``kl`` is the
     side effect on the other tokens: KL(edited || unedited) in bits over the other tokens and one bucket holding the
     number tokens' total mass."""
-    from ..model.collect import final_logits, tokenize
-    from ..model.hooks import reading_hook
-
     token_ids = tokenize(model, prompts)
-    device = next(model.parameters()).device
     numbers = torch.tensor(number_tokens)
     base_cache: dict[int, torch.Tensor] = {}
 
@@ -251,8 +249,7 @@ def token_readout(model, prompts: list, layer: int, summarize: Callable[[torch.T
 
         hooks = [] if state is None else [(reading_hook("resid", layer), write)]
         with model.hooks(fwd_hooks=hooks):
-            logits = final_logits(model, torch.tensor([token_ids[i]], device=device))
-        return torch.log_softmax(logits.float(), -1)[0].cpu()
+            return read(model, [token_ids[i]], (), "final", keep_logprobs=True).logprobs[0]
 
     def bucketed(lp: torch.Tensor) -> torch.Tensor:
         keep = torch.ones(len(lp), dtype=torch.bool)

@@ -76,7 +76,7 @@ def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[
 
 def _prepare(model, prompts, batch_size):
     """Token ids (the checkpoint's own tokenizer) and their length buckets; refuses models without the hooks."""
-    from ..model.collect import check_prompts, length_batches, tokenize
+    from ..model.read import check_prompts, length_batches, tokenize
 
     scale = act_name("scale")
     if scale not in model.hook_dict:

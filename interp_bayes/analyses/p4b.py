@@ -41,7 +41,8 @@ import numpy as np
 import torch
 
 from ..core.results import Row, find, select
-from ..model.collect import Activations, query_readings
+from ..model.collect import query_readings
+from ..model.read import Activations
 from ..stats import as_float64, centre_within, covariate_basis
 from ..stats.clusters import cluster_alignment, cluster_count
 from ..stats.ledger import FAILS, HOLDS, beyond_null, not_beyond_null

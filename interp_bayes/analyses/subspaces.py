@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model.collect import query_readings
+from ..model.read import read, sites_of
 from ..stats import fit_ridge, interval, p_value, percentile_of
 from ..stats import info
 from ..core.errors import ConfigError
@@ -49,6 +49,7 @@ from ..tasks.base import TaskBatch
 from ..windtunnel.discrete import paired_margin, restricted_log_probs
 
 OPS = {"cut": SubspaceCut, "only": SubspaceOnly}
+QUERY_BATCH = 250  # sequences per forward pass of a reading
 
 
 def top_rows(m: np.ndarray, k: int) -> np.ndarray:
@@ -58,9 +59,7 @@ def top_rows(m: np.ndarray, k: int) -> np.ndarray:
 
 def every_position(model, batch: TaskBatch, layer: int, site: str) -> tuple[np.ndarray, np.ndarray]:
     """(activations [n * T, dim] at every position of ``batch``, the token at each row [n * T]), sequence-major."""
-    T = batch.input_ids.shape[1]
-    at = TaskBatch(batch.input_ids, torch.arange(T), batch.posterior, batch.labels)
-    x = as_float64(query_readings(model, at, layers=[layer], readings=(site,))[site][layer])
+    x = as_float64(read(model, batch, [(layer, site)], "all", batch_size=QUERY_BATCH).reading(site, layer))
     return x, batch.input_ids.reshape(-1).numpy()
 
 
@@ -126,7 +125,7 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
     layers = list(range(model.cfg.n_layers)) if layers is None else [layer_index(x, model.cfg.n_layers) for x in layers]
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H = task.hypothesis_ids, len(task.hypothesis_ids)
-    x_fit = query_readings(model, fit, layers=layers, readings=(site,))[site]
+    x_fit = read(model, fit, sites_of(layers, (site,)), "queries", batch_size=QUERY_BATCH).readings[site]
     post_fit = fit.posterior.double().reshape(-1, H).numpy()
 
     def run(edits: dict | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -245,7 +245,7 @@ def neuron_scores(model, layer: int = -1, null: NullSpace | None = None,
 def unigram_counts(model, texts_or_ids) -> np.ndarray:
     """[vocab] token counts over texts (tokenised with the checkpoint's own tokenizer) or token-id lists, e.g. the
     prompt pool or a ``datasets`` corpus's text column."""
-    from ..model.collect import tokenize
+    from ..model.read import tokenize
 
     flat = [t for ids in tokenize(model, list(texts_or_ids)) for t in ids]
     return np.bincount(np.asarray(flat, dtype=np.int64), minlength=model.cfg.d_vocab).astype(np.float64)

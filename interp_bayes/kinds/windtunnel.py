@@ -143,8 +143,8 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
     if missing:  # the LSTM, Mamba and the MLPs have no attention: no value vectors, no patterns
         raise ConfigError(f"Wind tunnel {checkpoint} has no hook for the reading(s) {missing} (it has no attention); "
                           "read it at the residual stream ('resid', 'resid_pre') instead.")
-    acts = ctx.activations(f"windtunnel-{tunnel.folder.name}", prompts, model=model, model_id=tunnel.identity,
-                           layers=idx, readings=readings, label_tokens=task.hypothesis_ids)
+    acts = ctx.activations(f"windtunnel-{tunnel.folder.name}", prompts, subject=tunnel, layers=idx,
+                           readings=readings, label_tokens=task.hypothesis_ids)
     acts.with_groups(cols["sequence"])  # the prefixes of one sequence are not independent: it is the unit
     return WindtunnelSet(model, task, prompts, cols, acts, idx)
 

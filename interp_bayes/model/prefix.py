@@ -132,7 +132,8 @@ def edited_runs(model, prompts: list, edits: list[dict[int, Callable]], *, layer
 def _naive_runs(model, prompts: list, edits: list[dict], *, layers: list[int], label_tokens: list[int],
                 batch_size: int | None, tick: Callable[[int], object]) -> list[EditedRun]:
     """Each run a whole forward pass over every prompt: ``collect`` under ``intervene``."""
-    from .collect import collect, length_batches, tokenize
+    from .collect import collect
+    from .read import length_batches, tokenize
 
     def run(edit: dict) -> tuple[EditedRun, torch.Tensor]:
         if not any(hasattr(op, "bind") for op in edit.values()):
@@ -184,7 +185,7 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     """Per batch of prompts, the unperturbed forward keeps the residual entering the first edited block of every
     edit; the edits then run from there, several stacked into one forward. Readings before an edit's first block
     are the unperturbed ones."""
-    from .collect import (check_prompts, checked, final_logits, final_position_tail, length_batches,
+    from .read import (check_prompts, checked, final_logits, final_position_tail, length_batches,
         next_token_entropy, reading_hooks, tokenize)
 
     token_ids = tokenize(model, prompts)

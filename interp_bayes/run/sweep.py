@@ -163,77 +163,96 @@ class Context:
         """The sweep model's layers of a parameter (``resolve_layers``; None: the sweep's ``layers``)."""
         return resolve_layers(spec, self.n_layers(), self.config.layers)
 
-    def _acts_key(self, token_ids: Sequence[Sequence[int]], layers, readings, label_tokens, model_id) -> str:
-        from ..model.collect import prompt_digest
+    def _acts_key(self, digest: str, layers, readings, label_tokens, identity: dict, at: str, positions,
+                  logit_ids) -> str:
+        # a final-token set's key has no position part: the keys of the sets cached before ``at`` existed still hold
+        where = () if at == "final" else (at, positions)
+        return content_key(identity, self.config.dtype, digest, sorted(layers), sorted(readings),
+                           list(label_tokens) if label_tokens is not None else None, __version__, *where,
+                           *(() if logit_ids is None else ("logits", list(logit_ids))))
 
-        return content_key(model_id or self.identity, self.config.dtype, prompt_digest([list(t) for t in token_ids]),
-                           sorted(layers), sorted(readings), list(label_tokens) if label_tokens is not None else None,
-                           __version__)
-
-    def token_ids(self, prompts: Sequence) -> list[list[int]]:
-        """Token ids of text prompts (the checkpoint's own tokenizer) or of id prompts as given."""
+    def token_ids(self, prompts: Sequence, subject=None) -> list[list[int]]:
+        """Token ids of text prompts (the checkpoint's own tokenizer: the sweep model's, or ``subject``'s) or of id
+        prompts as given."""
         if not (prompts and isinstance(prompts[0], str)):
             return [list(map(int, p)) for p in prompts]
+        if subject is not None:
+            from ..model.read import tokenize
+
+            return tokenize(subject.model, prompts)
         ids = []
         for p in prompts:
             check_stop()  # a tokenizer's finalisers would swallow a signal handler's exception (core.stop)
             ids.append(self.tokenizer(p, add_special_tokens=True)["input_ids"])
         return ids
 
-    def acts_path(self, label: str, prompts: Sequence, *, layers, readings=("v",), label_tokens=None,
-                  model_id: dict | None = None) -> Path:
-        key = self._acts_key(self.token_ids(prompts), layers, readings, label_tokens, model_id)
+    def _digest(self, inputs, subject) -> str:
+        """The content digest of prompts (their token ids) or of a batch of sequences."""
+        from ..model.read import is_sequences, prompt_digest, sequences_digest
+
+        return sequences_digest(inputs) if is_sequences(inputs) else prompt_digest(self.token_ids(inputs, subject))
+
+    def acts_path(self, label: str, inputs, *, layers, readings=("v",), label_tokens=None, at: str = "final",
+                  logit_ids=None, subject=None) -> Path:
+        identity = self.identity if subject is None else subject.identity
+        positions = getattr(inputs, "query_pos", None) if at == "queries" else None
+        key = self._acts_key(self._digest(inputs, subject), layers, readings, label_tokens, identity, at,
+                             None if positions is None else positions.tolist(), logit_ids)
         return inside(self.folder, self.folder / "acts" / f"{checked_name(label, 'The activation-set label')}-{key}")
 
-    def activations(self, label: str, prompts: Sequence, *, layers, readings=("v",), label_tokens=None, model=None,
-                    model_id: dict | None = None):
-        """The activation set of ``prompts`` (text or token ids) at ``layers``/``readings``, loaded from
-        ``acts/<label>-<key>`` when its content key matches, else collected (from the sweep's model or ``model``,
-        whose identity is then ``model_id``) and saved. Loading checks every file's digest and the stored prompt
-        digest; a damaged set is collected again, with one warning. Under the set's lock, so that two sweeps asking
-        for it at once collect it once."""
-        from ..model.collect import Activations, collect, prompt_digest
+    def activations(self, label: str, inputs, *, layers, readings=("v",), label_tokens=None, at: str = "final",
+                    logit_ids=None, subject=None):
+        """The activation set of ``inputs`` (text or token-id prompts, or a batch of sequences: ``model.read.read``)
+        at ``layers``/``readings`` and positions ``at``, loaded from ``acts/<label>-<key>`` when its content key
+        matches, else read and saved. ``subject``: what is read (None: the sweep's model; a wind tunnel: anything
+        with ``model`` and ``identity``), whose identity enters the key. Loading checks every file's digest and the
+        stored content digest; a damaged set is read again, with one warning. Under the set's lock, so that two
+        sweeps asking for it at once read it once."""
+        from ..model.read import Activations, is_sequences, read, sites_of
 
-        ids = self.token_ids(prompts)
-        path = self.acts_path(label, ids, layers=layers, readings=readings, label_tokens=label_tokens,
-                              model_id=model_id)
+        texts = None if is_sequences(inputs) or not (inputs and isinstance(inputs[0], str)) else list(inputs)
+        if texts is not None:
+            inputs = self.token_ids(texts, subject)
+        digest = self._digest(inputs, subject)
+        path = self.acts_path(label, inputs, layers=layers, readings=readings, label_tokens=label_tokens, at=at,
+                              logit_ids=logit_ids, subject=subject)
         with stage_lock(self.folder, f"acts-{path.name}",
                         lambda: self.say(f"[waiting] {label}: another process is collecting it")):
             if path.exists() and not self.redo:
                 try:
                     acts = Activations.load(path)
-                    if acts.meta["prompt_digest"] == prompt_digest(ids):
+                    if acts.meta["prompt_digest"] == digest:
                         return acts
-                    problem = f"{path} holds activations of other prompts than its key says"
+                    problem = f"{path} holds activations of other inputs than its key says"
                 except CacheError as err:
                     problem = str(err).rstrip(".")
                 warn(f"{problem}; collecting it again.")
-            self.say(f"collecting {label} ({len(ids)} prompts)")
-            acts = collect(model or self.model, ids, layers=layers, readings=readings, label_tokens=label_tokens,
-                           progress=not self.config.quiet, batch_size=self.config.batch_size)
-            if prompts and isinstance(prompts[0], str):
-                acts.meta["texts"] = list(prompts)  # so a run folder shows its prompts without the prompt files
+            self.say(f"collecting {label}" + ("" if is_sequences(inputs) else f" ({len(inputs)} prompts)"))
+            model = self.model if subject is None else subject.model
+            acts = read(model, inputs, sites_of(layers, readings), at, label_tokens=label_tokens, logit_ids=logit_ids,
+                        progress=not self.config.quiet, batch_size=self.config.batch_size)
+            if texts is not None:
+                acts.meta["texts"] = texts  # so a run folder shows its prompts without the prompt files
             with building(path) as tmp:
                 acts.save(tmp)
             return acts
 
     def plan_acts(self, probe: str, label: str, prompts: Sequence | int, *, layers, readings=("v",),
-                  label_tokens=None, model_id: dict | None = None, dims: dict[str, int] | None = None) -> PlanItem:
-        """A dry-run line for an activation set; ``prompts`` may be a count when the set is chosen from another."""
+                  label_tokens=None, subject=None, dims: dict[str, int] | None = None) -> PlanItem:
+        """A dry-run line for an activation set of prompts; ``prompts`` may be a count when the set is chosen from
+        another."""
         n = prompts if isinstance(prompts, int) else len(prompts)
-        cached = None
-        if not isinstance(prompts, int):
-            cached = (self.acts_path(label, prompts, layers=layers, readings=readings, label_tokens=label_tokens,
-                                     model_id=model_id) / MANIFEST).exists()
+        path = None if isinstance(prompts, int) else self.acts_path(label, prompts, layers=layers, readings=readings,
+                                                                    label_tokens=label_tokens, subject=subject)
+        cached = None if path is None else (path / MANIFEST).exists()
         width = sum((dims or {}).get(r, 0) for r in readings) * len(layers)
-        key = "" if isinstance(prompts, int) else self.acts_path(label, prompts, layers=layers, readings=readings,
-                                                                 label_tokens=label_tokens, model_id=model_id).name
         # a run of consecutive prompts from the middle of the set: sets are often ordered (e.g. by k, shortest
         # first), and neighbours batch together as they do in the sweep
         mid = max(0, n // 2 - CALIBRATION_PROMPTS // 2)
-        sample = [] if isinstance(prompts, int) else self.token_ids(list(prompts[mid: mid + CALIBRATION_PROMPTS]))
+        sample = [] if path is None else self.token_ids(list(prompts[mid: mid + CALIBRATION_PROMPTS]), subject)
         return PlanItem(probe, f"activations {label}: {n} prompts, layers {list(layers)}, {', '.join(readings)}",
-                        cached, 0 if cached else n, 0 if cached else 4 * n * (width + 2), key=key, sample=sample)
+                        cached, 0 if cached else n, 0 if cached else 4 * n * (width + 2), key="" if path is None
+                        else path.name, sample=sample)
 
     def site_dims(self) -> dict[str, int]:
         """Widths of the readings (from the config, no weights loaded): v, z, resid, attn_entropy."""

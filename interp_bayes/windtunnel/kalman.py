@@ -21,23 +21,23 @@ the target is the transformer below the best (largest) window at every step past
 
 from __future__ import annotations
 
-import hashlib
 import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..core.errors import ConfigError
+from ..core.layers import resolve_layers
 from ..stats.sequential import ACCEPT, BATCH, REJECT
 from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_within, cross_fitted_ridge,
                      permutations, r2, sequential_test)
-from ..stats.info import LN2, entropy, gaussian_kl
+from ..stats.info import LN2, gaussian_kl
 from ..tasks.kalman import (KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_w2,
                             window_filter)
+from ..model.read import continuous_inputs, input_embedding, read, sites_of, soft_token_embeddings
 from .tunnels import open_tunnel
 from .entry import TaskEntry
 
@@ -45,41 +45,8 @@ WINDOWS = (1, 2, 4, 8)  # window filters scored beside every model
 LOG_DIAG_CLAMP = 12.0  # |log L_ii| cap: a guard against exp overflow early in training, never reached by a fit
 
 
-def input_embedding(model: nn.Module) -> torch.Tensor:
-    """The token-embedding matrix [vocab, d_model] of a bridge (``W_E``), an HF model, or the MLP baseline."""
-    if hasattr(model, "W_E"):
-        return model.W_E
-    if hasattr(model, "get_input_embeddings"):
-        return model.get_input_embeddings().weight
-    return model.wte.weight
-
-
-def soft_token_embeddings(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """features [batch, pos, F] -> embeddings [batch, pos, d_model]: the weighted sum of the F feature tokens."""
-    w_e = input_embedding(model)
-    return features.to(device=w_e.device, dtype=w_e.dtype) @ w_e[: features.shape[-1]]
-
-
 def is_bridge(model: nn.Module) -> bool:
     return hasattr(model, "hook_dict") and hasattr(model, "run_with_cache")
-
-
-@contextmanager
-def continuous_inputs(bridge: nn.Module, features: torch.Tensor) -> Iterator[torch.Tensor]:
-    """Run a TransformerBridge on continuous inputs: inside the block ``hook_embed`` returns the soft-token
-    embedding of ``features`` [batch, pos, F]; the yielded placeholder ids [batch, pos] (the special token) only
-    give the shape. Use them as ``bridge(ids)`` or ``bridge.run_with_cache(ids)``."""
-    emb = soft_token_embeddings(bridge, features)
-    ids = torch.full(features.shape[:2], bridge.cfg.d_vocab - 1, dtype=torch.long, device=emb.device)
-
-    def replace(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        if act.shape != emb.shape:
-            raise ValueError(f"hook_embed has shape {tuple(act.shape)} but the features give {tuple(emb.shape)}; "
-                             "run the bridge on the ids this context yields.")
-        return emb.to(act.dtype)
-
-    with bridge.hooks(fwd_hooks=[("hook_embed", replace)]):
-        yield ids
 
 
 def head_outputs(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
@@ -273,52 +240,21 @@ def kalman_readings(
     One row per (sequence, step), sequence-major, as the other tunnels' one prompt per query position: reading
     ``name`` at ``layer`` is the hook of ``model.hooks.reading_hook`` at that step's position (values per KV head
     concatenated, residual stream after the block, attention entropy in bits per head). Returns ``(acts,
-    columns)``: an ``model.collect.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
+    columns)``: a ``model.read.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
     ``manifold_report``, ``fit_entropy_axis`` and ``attention_focusing`` take it as they are), and float64 columns
     ``sequence``, ``k`` (step, 1-based), ``bayes_entropy`` (bits), ``bayes_logdet`` (ln det P_t), ``bayes_mean``
     [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``belief_probe`` and calibration.
     """
-    from ..core.layers import resolve_layers
-    from ..model.collect import Activations
-    from ..model.hooks import READING_SITES, reading_hook
-    from ..model.loading import model_info
-
-    unknown = set(readings) - set(READING_SITES)
-    if unknown:
-        raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(READING_SITES)}.")
-    n_layers = bridge.cfg.n_layers
-    layer_idx = resolve_layers(layers, n_layers, "all")
-    names = {(r, layer): reading_hook(r, layer) for r in readings for layer in layer_idx}
+    layer_idx = resolve_layers(layers, bridge.cfg.n_layers, "all")
     batch = task.sample(n_sequences, seed=seed)
-    qpos, K = batch.query_pos, len(batch.query_pos)
-    parts: dict[tuple[str, int], list[torch.Tensor]] = {key: [] for key in names}
-    model_mean, model_cov = [], []
-    for start in range(0, n_sequences, batch_size):
-        feats = batch.features[start:start + batch_size]
-        with continuous_inputs(bridge, feats) as ids:
-            logits, cache = bridge.run_with_cache(ids, names_filter=list(names.values()))
-        for (r, layer), name in names.items():
-            act = cache[name].float().cpu()
-            if r == "attn_entropy":  # [b, heads, q, k] -> each step's row entropy, bits: [b, K, heads]
-                p = act[:, :, qpos]
-                act = entropy(p).transpose(1, 2)
-            else:  # [b, pos, ...] -> [b, K, dim]
-                act = act[:, qpos].reshape(act.shape[0], K, -1)
-            parts[(r, layer)].append(act.reshape(-1, act.shape[-1]))
-        mean, chol = gaussian_head(logits[:, qpos][..., task.readout_ids].double().cpu(), task.state_dim)
-        model_mean.append(mean)
-        model_cov.append(chol @ chol.mT)
-    model_mean, model_cov = torch.cat(model_mean), torch.cat(model_cov)  # [n, K, d], [n, K, d, d]
-    by_reading: dict[str, dict[int, torch.Tensor]] = {r: {} for r in readings}
-    for (r, layer), chunks in parts.items():
-        by_reading[r][layer] = torch.cat(chunks)
-    digest = hashlib.sha256(batch.features.numpy().tobytes()).hexdigest()[:16]
-    meta = dict(model=model_info(bridge).to_dict(), layers=layer_idx, n_layers=n_layers, readings=list(readings),
-                entropy_over="the Gaussian head (differential entropy)", prompt_digest=digest, task=task.name,
-                inputs="continuous features (no token ids)", seed=seed, n_sequences=n_sequences, steps=K)
-    acts = Activations(readings=by_reading, entropy=gaussian_entropy_bits(model_cov).reshape(-1).float(),
-                       token_ids=[[] for _ in range(n_sequences * K)], meta=meta,
-                       groups=np.repeat(np.arange(n_sequences), K))  # a sequence's steps are not independent
+    K = len(batch.query_pos)
+    acts = read(bridge, batch, sites_of(layer_idx, readings), "queries", logit_ids=task.readout_ids,
+                batch_size=batch_size)  # groups: the sequences, whose steps are not independent
+    mean, chol = gaussian_head(acts.logits.double().reshape(n_sequences, K, -1), task.state_dim)
+    model_mean, model_cov = mean, chol @ chol.mT  # [n, K, d], [n, K, d, d]
+    acts.entropy = gaussian_entropy_bits(model_cov).reshape(-1).float()
+    acts.meta.update(entropy_over="the Gaussian head (differential entropy)", task=task.name,
+                     inputs="continuous features (no token ids)", seed=seed, n_sequences=n_sequences, steps=K)
     d = task.state_dim
     columns = dict(
         sequence=np.repeat(np.arange(n_sequences), K), k=np.tile(np.arange(1, K + 1), n_sequences),
