@@ -3,9 +3,10 @@ two-level bootstrap interval (prompts' groups and control draws) settled against
 errors, no model: a false-positive rate at most alpha, power at 3 delta, "holds" with enough prompts, and one
 verdict at every seed of the draws.
 
-The false-positive and replication tests fail with the rule it replaced (the true effect against the central 95% range of the matched draws,
-``ledger.not_beyond_null(row, delta=0.01)``), checked by hand: a true axis that is one more matched axis lies beyond
-that range of 10 draws in 21 of the 200 planted nulls (10.5%), and at 3 of the 5 seeds of the replication case."""
+The false-positive and replication tests fail with the rule it replaced (the true effect against the central 95%
+range of the matched draws, ``ledger.not_beyond_null(row, delta=0.01)``), checked by hand: a true axis that is one
+more matched axis lies beyond that range of 10 draws in 21 of the 200 planted nulls (10.5%), and at 3 of the 5
+seeds of the replication case."""
 
 import numpy as np
 import pytest
