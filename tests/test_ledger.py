@@ -103,7 +103,9 @@ def test_kinds_contribute_claims_from_planted_rows(tmp_path):
     inter = get_kind("interventions").ledger([_probe("interventions", [
         Row("effect", 0.01, scope=dict(cut, layer_set="15"), null_low=-0.1, null_high=0.1),  # narrower set
         Row("effect", 0.49, scope=dict(cut, layer_set="10+15+20"), low=0.41, high=0.57, null_low=0.23,
-            null_high=0.36)], tmp_path=tmp_path)])
+            null_high=0.36),
+        Row("readout_excess", 0.2, scope=dict(cut, layer_set="10+15+20", family="matched"), low=0.1, high=0.3,
+            test=dict(decision="reject", p=0.002, low=0.0, high=0.01, draws=550))], tmp_path=tmp_path)])
     assert len(inter) == 1 and inter[0].verdict == "does not hold" and "10+15+20" in inter[0].claim
     icl = get_kind("icl").ledger([_probe("icl", [
         Row("entropy_mae", 0.215, scope=dict(condition="main", target="latent", subset="k>=1")),

@@ -136,3 +136,23 @@ def test_open_columns_tell_the_draw_which_columns_are_still_undecided():
     inside, beyond = sequential_tests(draw, [0.5, 0.0], alternative="greater", cap=1000, open_columns=True)
     assert inside.decision == ACCEPT and inside.draws == 50 and beyond.decision == REJECT and beyond.draws == 250
     assert masks[0].all() and all(list(m) == [False, True] for m in masks[1:]) and len(masks) == 5
+
+
+def test_stream_test_asks_an_indexed_stream_in_order_and_a_larger_cap_extends_it():
+    """``stream_test`` asks draws 0, 1, ... in consecutive batches (at most the cap), so draw i is one value
+    whatever the batch size, and a run to a larger cap starts with the same draws."""
+    from interp_bayes.stats.sequential import stream_test
+
+    stream = np.random.default_rng(0).normal(size=400)
+    asked = []
+
+    def null(start, stop):
+        asked.append((start, stop))
+        return stream[start:stop]
+
+    small = stream_test(null, 0.05, cap=30, batch=50)  # one batch, cut to the cap
+    assert asked == [(0, 30)] and small.draws == 30
+    asked.clear()
+    wide = stream_test(null, 0.05, cap=400, batch=100)
+    assert asked[0] == (0, 100) and all(a[1] == b[0] for a, b in zip(asked, asked[1:]))
+    assert wide.draws == asked[-1][1] and list(wide.null) == interval(stream[:wide.draws])

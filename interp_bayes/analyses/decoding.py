@@ -28,10 +28,10 @@ import numpy as np
 from .axis import fit_direction
 from ..stats import as_float64
 from ..stats.pca import correlations
-from ..stats.sequential import ALPHA, BATCH, REJECT
+from ..stats.sequential import ALPHA, REJECT, stream_test
 from ..core.results import Row
 from ..stats import (ALPHAS, RidgeBasis, bootstrap_pearson, bootstrap_r2, group_folds, group_permutations, interval,
-    permutations, r2, residualize, sequential_test)
+    permutations, r2, residualize)
 
 READINGS = ("resid", "v", "z")  # residual stream after the block, values (per KV head), attention output
 # readings are stored in float32: a reading whose spread across prompts is below this fraction of its scale is one
@@ -101,13 +101,7 @@ def cross_fitted_decoding(x, y, *, covariates=None, groups=None, folds: int = 5,
             done[0] = stop
         return drawn[:stop]
 
-    used = [0]
-
-    def draw(b):
-        used[0] += b
-        return null_r2(used[0])[used[0] - b:]
-
-    test = sequential_test(draw, held_r2, cap=n_null, batch=min(BATCH, n_null)) if np.isfinite(held_r2) else None
+    test = stream_test(lambda i, j: null_r2(j)[i:], held_r2, cap=n_null) if np.isfinite(held_r2) else None
     return dict(y=y_out, ridge=pred, axis=axis, r2=held_r2, test=test, null=null, null_r2=null_r2)
 
 
@@ -249,13 +243,7 @@ def best_of(points: list[dict], nulls: dict, adjust: str, n_null: int) -> dict |
     if not cells:
         return None
     top = max(cells, key=lambda p: p["ridge_r2"])
-    used = [0]
-
-    def draw(b):
-        used[0] += b
-        return np.max([nulls[id(p)](used[0])[used[0] - b:] for p in cells], axis=0)
-
-    test = sequential_test(draw, top["ridge_r2"], alpha=ALPHA / 2, alternative="greater", cap=n_null,
-                           batch=min(BATCH, n_null))
+    test = stream_test(lambda i, j: np.max([nulls[id(p)](j)[i:] for p in cells], axis=0), top["ridge_r2"],
+                       alpha=ALPHA / 2, alternative="greater", cap=n_null)
     return dict(adjust=adjust, reading=top["reading"], layer=top["layer"], ridge_r2=top["ridge_r2"],
                 ridge_r2_ci=top["ridge_r2_ci"], null=top["null"], cells=len(cells), test=test.as_dict())

@@ -29,6 +29,9 @@ CONTROL_MEASURE = "mae_k_ge_1"  # the measure the claims read (``kinds.intervent
 # random control axes drawn between two looks at the true edit's rank: the fewest at which a rank can settle (the
 # true effect below 4 of 5 controls accepts at the toolkit's level and resampling risk)
 CONTROL_BATCH = 5
+# the ablations (the linear cut and the on-manifold ones) whose readout excess over matched controls is decided
+# (``readout_excess``): their matched family runs to its cap, whatever the rank test decided
+ABLATION_OPS = ("cut", *ONMANIFOLD_OPS)
 
 
 def measure_unit(metric: str) -> str:
@@ -97,6 +100,9 @@ class InterventionResult:
     true_entropy: dict  # (layer set, op) -> [n] model entropy under the true-axis edit, for bootstrap intervals
     donors: np.ndarray | None = None  # [n] the resample ablation's donor of each prompt (an index into the prompts)
     tests: dict = field(default_factory=dict)  # (layer set, op, family) -> the sequential test's decision
+    # (layer set, op) -> [matched draws, prompts at k >= 1] |entropy - Bayes| per prompt under each matched
+    # control's ablation (``ABLATION_OPS`` only), for the readout excess' two-level bootstrap
+    matched_errors: dict = field(default_factory=dict)
 
     def table(self):
         """The rows as a pandas DataFrame (tidy: one measurement set per row)."""
@@ -167,7 +173,10 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     ``CONTROL_MEASURE`` is settled (``stats.sequential_tests``, one-tailed: the true effect beyond the controls, at
     the toolkit's level with its resampling risk) or at the family's count, its cap (undecided: "borderline"). Draw
     i of a family is the same axis whatever the cap, so a larger cap extends a run. ``InterventionResult.tests``
-    holds each decision, with the draws used.
+    holds each decision, with the draws used. The matched family of an ablation (``ABLATION_OPS``) runs to its cap
+    whatever its rank test decided: the readout excess (``readout_excess``) averages over its draws and resamples
+    them, and a rank settled after 5 draws leaves too few for that; its per-prompt errors are kept
+    (``InterventionResult.matched_errors``).
 
     fast: reuse what an edit cannot change (the blocks before its first edited layer) and stack several edits into
     one forward (``prefix.edited_runs``); the same numbers as ``fast=False``, a whole forward pass per edit (bit for
@@ -190,7 +199,9 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     fixed = {fam: n for fam, n in controls.items() if fam not in RANDOM_FAMILIES}
     random = {fam: n for fam, n in controls.items() if fam in RANDOM_FAMILIES}
     edits_of = [(layer_set, op) for layer_set in protocol.layer_sets for op in protocol.ops]
-    rows, true_entropy, state = [], {}, dict(baseline=None, spread=None, forwards=0)
+    rows, true_entropy, matched_errors, state = [], {}, {}, dict(baseline=None, spread=None, forwards=0)
+    pos = np.flatnonzero(np.asarray(task["k"]) >= 1)
+    bayes = np.asarray(task["bayes_entropy"], dtype=np.float64)[pos]
 
     def op_of(op: str, layer: int, u: np.ndarray):
         u = torch.tensor(u)
@@ -233,6 +244,8 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
                 row["variance_ratio"] = float(np.mean([drawn[layer][kind][1][draw - start] for layer in layer_set]))
             if kind == "true":
                 true_entropy[(row["layer_set"], op)] = h
+            elif kind == "matched" and op in ABLATION_OPS:
+                matched_errors.setdefault((row["layer_set"], op), {})[draw] = np.abs(h[pos] - bayes)
             new.append(row)
         rows.extend(new)
         return new
@@ -246,6 +259,7 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
         effect = {(ls, op): r[CONTROL_MEASURE] - state["baseline"][CONTROL_MEASURE]
                   for (ls, op), r in zip(edits_of, first)}
         columns = [(fam, ls, op) for fam in random for ls, op in edits_of]
+        to_cap = np.array([fam == "matched" and op in ABLATION_OPS for fam, _, op in columns], dtype=bool)
         tests = {}
         if columns:
             drawn_so_far = [0]
@@ -253,12 +267,12 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
             def draw(b: int, open_: np.ndarray) -> np.ndarray:
                 start = drawn_so_far[0]
                 drawn_so_far[0] += b
-                entries = [(ls, op, fam, i) for (fam, ls, op), live in zip(columns, open_) if live
+                entries = [(ls, op, fam, i) for (fam, ls, op), live in zip(columns, open_ | to_cap) if live
                            for i in range(start, min(start + b, random[fam]))]
                 out = np.full((b, len(columns)), np.nan)
                 if not entries:
                     return out
-                families = {fam: min(b, random[fam] - start) for fam in random if random[fam] > start}
+                families = {fam: min(b, random[fam] - start) for fam in {e[2] for e in entries}}
                 at = {key: j for j, key in enumerate(columns)}
                 for row, (ls, op, fam, i) in zip(run(entries, directions(families, start), start), entries):
                     out[i - start, at[(fam, ls, op)]] = row[CONTROL_MEASURE] - state["baseline"][CONTROL_MEASURE]
@@ -267,27 +281,72 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
             cap = max(random.values())
             decisions = sequential_tests(draw, [effect[(ls, op)] for _, ls, op in columns], alternative="greater",
                                          batch=min(protocol.batch, cap), cap=cap, open_columns=True)
+            while to_cap.any() and drawn_so_far[0] < random.get("matched", 0):  # every test settled before the cap
+                draw(min(protocol.batch, random["matched"] - drawn_so_far[0]), np.zeros(len(columns), dtype=bool))
             tests = {("+".join(map(str, ls)), op, fam): d.as_dict() for (fam, ls, op), d in zip(columns, decisions)}
     # the rows in the protocol's order: edit, then true axis, then the families in their order, then draw
     order = {kind: i for i, kind in enumerate(["true", *controls])}
     position = {("+".join(map(str, ls)), op): i for i, (ls, op) in enumerate(edits_of)}
     rows.sort(key=lambda r: (position[(r["layer_set"], r["op"])], order[r["kind"]], r["draw"]))
     return InterventionResult(rows, state["baseline"], state["forwards"], true_entropy, onmanifold.get("donors"),
-                              tests)
+                              tests, {key: np.stack([errs[i] for i in sorted(errs)])
+                                      for key, errs in matched_errors.items()})
+
+
+def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, scope: dict | None = None) -> Row:
+    """How much more an ablation of the true axis harms calibration than ablating matched control axes: the paired
+    excess D = mean over prompts of (true error - mean control error), in bits (``true_err`` [n]: each prompt's
+    |entropy - Bayes| under the true ablation; ``control_err`` [m, n]: under each of m control ablations; the
+    unperturbed error cancels from the difference). Its 95% interval is a two-level bootstrap: each draw resamples
+    the prompts (whole ``groups`` where given: a wind tunnel's sequences) and, independently, the m control draws,
+    so the interval carries both the prompts' noise and the spread between control axes. Drawn until the interval is
+    settled on one side of ``delta`` (``stats.sequential_test``, two-sided at the toolkit's level: each end against
+    ``delta`` with half the resampling risk) or at the default cap. Row ``readout_excess``: the value, the draws'
+    interval, n prompts, the decision in ``Row.test`` (``ledger.below_margin`` reads it).
+
+    Against a range of the control draws, a true axis that is itself one more control lies beyond all m of them
+    with chance 1 / (m + 1) (9% at m = 10), and a seed of the draws flips the verdict of a true effect near the
+    range's edge; the interval of D is settled against ``delta`` and not against the controls' extremes."""
+    from ..stats.resample import group_ids, resample_counts
+    from ..stats.sequential import sequential_test
+
+    true_err, control_err = as_float64(true_err).reshape(-1), as_float64(control_err)
+    m, n = control_err.shape
+    if m < 2 or control_err.shape[1] != len(true_err):
+        raise ConfigError(f"The readout excess needs at least 2 control draws over the true ablation's {len(true_err)} "
+                          f"prompts (got {m} over {n}).")
+    g = group_ids(groups, n)
+    size = np.bincount(g).astype(np.float64)  # [G] prompts per group, and each group's error sums:
+    true_sum, control_sum = np.bincount(g, true_err), np.stack([np.bincount(g, c) for c in control_err])
+    rng = np.random.default_rng(seed)
+
+    def draw(b: int) -> np.ndarray:
+        w = resample_counts(g, b, rng)  # [b, G] groups
+        v = resample_counts(np.arange(m), b, rng) / m  # [b, m] control draws, as weights summing to 1
+        control = np.einsum("bm,mg,bg->b", v, control_sum, w)
+        return (w @ true_sum - control) / (w @ size)
+
+    value = float(true_err.mean() - control_err.mean())
+    test = sequential_test(draw, delta, alternative="two-sided")
+    return Row("readout_excess", value, "bits", dict(scope or {}), *test.null, "two-level bootstrap 95%", n=n,
+               note=f"true ablation minus the mean of {m} matched ones; decided against {delta:g} bits",
+               test=test.as_dict())
 
 
 def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boot: int = 1000,
-              seed: int = 0) -> list[Row]:
+              seed: int = 0, readout_delta: float | None = None) -> list[Row]:
     """Tidy rows: the unperturbed run's measures (scope ``condition: baseline``); per (layer set, op, measure) the
     true axis' ``effect`` (value minus baseline; KL as is) with, for the MAE, a bootstrap interval over prompts
     (over whole ``task["groups"]`` where given: a wind tunnel's sequences) and the matched controls' 95% range as
     its null, each control family's mean ``effect`` with its 95% range, and the true effect's
     ``percentile_of_true`` within each family (no range or percentile is read from fewer than ``MIN_DRAWS``
     draws, unless the sequential test settled on them: a note says so). On ``CONTROL_MEASURE`` each random family's
-    percentile row carries its sequential test (``Row.test``: decision, p, draws used). The true row keeps no test:
-    the readout claim reads it against the matched draws' range as before, so that stopping early changes the
-    draws, not the verdict (a rejection needs at least 242 draws at the level and risk, more than the recipes'
-    caps, so a test on that row would turn every case beyond its controls "borderline")."""
+    percentile row carries its sequential test (``Row.test``: decision, p, draws used). The true row keeps no test
+    (a rejection of its rank needs at least 242 draws at the level and risk, more than the recipes' caps, so a test
+    on that row would turn every case beyond its controls "borderline"). With ``readout_delta`` (the readout
+    claim's, in bits), each ablation (``ABLATION_OPS``) with at least 2 matched draws gets a ``readout_excess`` row
+    (scope ``family: matched``): its excess over the matched controls decided against that delta, which is what
+    the readout claim reads."""
     import pandas as pd
 
     df = pd.DataFrame(result.rows)
@@ -296,6 +355,7 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
     bayes, k = np.asarray(task["bayes_entropy"]), np.asarray(task["k"])
     base_h = np.asarray(base["entropy"])
     pos = np.flatnonzero(k >= 1)
+    groups = None if task.get("groups") is None else np.asarray(task["groups"])[pos]
     layers = sorted(int(key[len("geom_L"):]) for key in base if key.startswith("geom_L"))
 
     def base_metric(metric: str, layer_set: str) -> float:
@@ -321,11 +381,15 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
             if metric == "mae_k_ge_1":
                 h = result.true_entropy[(layer_set, op)]
                 err = np.abs(h[pos] - bayes[pos]) - np.abs(base_h[pos] - bayes[pos])  # per prompt, paired
-                groups = None if task.get("groups") is None else np.asarray(task["groups"])[pos]
                 _, low, high = bootstrap(lambda idx: err[idx].mean(), len(pos), groups, n_boot=n_boot, seed=seed)
                 ci = (float(low[0]), float(high[0]))
             tests = {fam: result.tests.get((layer_set, op, fam)) if metric == CONTROL_MEASURE else None
                      for fam, _ in families}
+            if metric == CONTROL_MEASURE and readout_delta is not None and \
+                    len(result.matched_errors.get((layer_set, op), ())) >= 2:
+                out.append(readout_excess(np.abs(result.true_entropy[(layer_set, op)][pos] - bayes[pos]),
+                                          result.matched_errors[(layer_set, op)], groups, delta=readout_delta,
+                                          seed=seed, scope=dict(scope, family="matched")))
 
             def enough(fam: str, eff: np.ndarray) -> bool:
                 return len(eff) >= MIN_DRAWS or (tests[fam] or {}).get("decision", UNDECIDED) != UNDECIDED

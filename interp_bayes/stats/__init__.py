@@ -20,7 +20,7 @@ from .regression import (MAX_LEVELS, SPLINE_KNOTS, STRATUM_SIZE, centre_within, 
     residual_confounding, residualize)
 from .resample import (CI_LEVEL, bootstrap, bootstrap_mean_draws, bootstrap_means, bootstrap_pearson, bootstrap_r2,
     bootstrap_ratio, bounds, group_ids, interval, percentile_of, resample_counts, resampled_sums)
-from .sequential import Decision, beyond, beyond_each, sequential_rate, sequential_test, sequential_tests
+from .sequential import Decision, beyond, beyond_each, sequential_rate, sequential_test, sequential_tests, stream_test
 from .verdicts import VERDICTS, claim
 
 __all__ = [
@@ -31,5 +31,5 @@ __all__ = [
     "deconfounded_correlation", "donors_within", "fine_strata", "fit_ridge", "group_folds", "group_ids",
     "group_permutations", "holm", "interval", "is_constant", "p_value", "percentile_of", "permutations", "r2",
     "resample_counts", "resampled_sums", "residual_confounding", "residualize", "sequential_rate",
-    "sequential_test", "sequential_tests", "significant", "snap",
+    "sequential_test", "sequential_tests", "significant", "snap", "stream_test",
 ]

@@ -87,6 +87,19 @@ def not_beyond_null(row: Row | None, side: str = "above", delta: float | None = 
     return verdict
 
 
+def below_margin(row: Row | None, delta: float) -> str:
+    """A claim that an excess is smaller than the claim's ``delta`` (e.g. ablating the axis costs less than
+    ``delta`` more than ablating matched axes: a readout, not a bottleneck), from a row whose interval was drawn
+    until settled against ``delta`` (``Row.test``, two-sided): ``holds`` when the interval lies below ``delta``,
+    ``does not hold`` when it lies above, ``borderline`` when it straddles ``delta`` or its draws reached their cap
+    undecided; ``not testable here`` without a finite value or a test."""
+    if row is None or not _finite(row.value) or not row.test:
+        return UNTESTABLE
+    if row.test["decision"] != REJECT:
+        return BORDERLINE
+    return HOLDS if (row.low + row.high) / 2 < delta else FAILS
+
+
 def decodable(row: Row | None) -> str:
     """A claim that a held-out R² shows something decodable: ``holds`` when it clears its null and its whole
     interval lies above 0 (a negative null alone let an R² of 0.005 read "holds weakly"), ``does not hold``

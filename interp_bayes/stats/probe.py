@@ -8,10 +8,9 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
-from . import (as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2,
-    sequential_test)
+from . import as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2
 from .info import kl_from_probs
-from .sequential import BATCH
+from .sequential import stream_test
 
 FLOOR = 1e-3
 
@@ -55,13 +54,13 @@ def _belief_probe(x: np.ndarray, y: np.ndarray, *, groups, folds: int, n_shuffle
     observed = r2(y, y_hat, pooled=True)
     drawn: list[float] = []
 
-    def draw(b):  # the pooled R² of the next b shuffles (shuffle i the same whatever the batches)
-        nulls = [y[o] for o in order[len(drawn):len(drawn) + b]]
+    def null(start: int, stop: int) -> list[float]:  # the pooled R² of shuffles start .. stop - 1
+        nulls = [y[o] for o in order[start:stop]]
         drawn.extend(r2(y_null, hat, pooled=True) for y_null, hat in
                      zip(nulls, cross_fitted_ridge(x, nulls, inverse, folds=folds, seed=seed)))
-        return drawn[-b:]
+        return drawn[start:]
 
-    test = sequential_test(draw, observed, cap=n_shuffles, batch=min(BATCH, n_shuffles))
+    test = stream_test(null, observed, cap=n_shuffles)
     boot = bootstrap_r2(y, y_hat, inverse, n_boot=n_boot, seed=seed)
     out = dict(r2=observed, r2_ci=interval(boot), n=int(len(y)), n_sequences=int(inverse.max()) + 1,
                dim=int(x.shape[1]), folds=folds,

@@ -229,6 +229,21 @@ def sequential_test(draw: Callable[[int], np.ndarray], observed: float, **kw) ->
     return sequential_tests(draw, [observed], **kw)[0]
 
 
+def stream_test(null: Callable[[int, int], np.ndarray], observed: float, *, cap: int, batch: int = BATCH,
+                **kw) -> Decision:
+    """``sequential_test`` of ``observed`` against an indexed stream of null draws: ``null(start, stop)`` returns
+    draws start .. stop - 1 (draw i the same whatever the batches, so a larger cap extends a run), asked from 0 on
+    in batches of ``batch`` (at most ``cap``)."""
+    used = [0]
+
+    def draw(b: int) -> np.ndarray:
+        start = used[0]
+        used[0] += b
+        return null(start, used[0])
+
+    return sequential_test(draw, observed, cap=cap, batch=min(batch, cap), **kw)
+
+
 def beyond_each(draw: Callable[[int], np.ndarray], thresholds, side: str = "above", *, level: float = CI_LEVEL,
                 **kw) -> list[Decision]:
     """Does the central ``level`` interval of each column of the bootstrap draws ``draw(b)`` ([b, m]) lie wholly

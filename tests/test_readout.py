@@ -1,0 +1,86 @@
+"""The readout claim's decision: the paired excess of the true ablation over the mean matched ablation, its
+two-level bootstrap interval (prompts' groups and control draws) settled against the claim's delta. Planted per-prompt
+errors, no model: a false-positive rate at most alpha, power at 3 delta, "holds" with enough prompts, and one
+verdict at every seed of the draws.
+
+The false-positive and replication tests fail with the rule it replaced (the true effect against the central 95%
+range of the matched draws, ``ledger.not_beyond_null(row, delta=0.01)``), checked by hand: a true axis that is one
+more matched axis lies beyond that range of 10 draws in 21 of the 200 planted nulls (10.5%), and at 3 of the 5
+seeds of the replication case."""
+
+import numpy as np
+import pytest
+
+from interp_bayes.analyses.interventions import readout_excess
+from interp_bayes.stats.ledger import BORDERLINE, FAILS, HOLDS, below_margin
+from interp_bayes.stats.sequential import ALPHA
+
+DELTA = 0.01  # the readout claim's (kinds.interventions.READOUT_DELTA_BITS)
+
+
+def planted_errors(rng, harm: float, *, n_groups: int = 40, per_group: int = 5, m: int = 10, noise: float = 1.0):
+    """Per-prompt |entropy - Bayes| under m + 1 exchangeable ablations of matched random axes (each axis its own
+    small offset, each sequence a shared noise under each axis, each prompt its own; all scaled by ``noise``): the
+    first is the "true" axis, with ``harm`` bits added to every prompt. Returns (true [n], controls [m, n],
+    groups [n])."""
+    n = n_groups * per_group
+    groups = np.repeat(np.arange(n_groups), per_group)
+    base = rng.gamma(2.0, 0.1, n)
+    err = base + noise * (rng.normal(0, 0.002, (m + 1, 1)) + rng.normal(0, 0.02, (m + 1, n_groups))[:, groups]
+                          + rng.normal(0, 0.03, (m + 1, n)))
+    return err[0] + harm, err[1:], groups
+
+
+def verdict(true, controls, groups, seed=0):
+    return below_margin(readout_excess(true, controls, groups, delta=DELTA, seed=seed), DELTA)
+
+
+def test_a_matched_axis_as_the_true_one_reads_does_not_hold_at_most_alpha_of_the_time():
+    """200 planted nulls (harm 0): "does not hold" in at most alpha of them (the range rule: 21, 10.5%)."""
+    rng = np.random.default_rng(0)
+    verdicts = [verdict(*planted_errors(rng, 0.0, noise=0.5), seed=i) for i in range(200)]
+    assert sum(v == FAILS for v in verdicts) <= ALPHA * 200
+    assert sum(v == HOLDS for v in verdicts) >= 0.95 * 200  # and the no-harm case is seen as such
+
+
+def test_a_harm_of_three_deltas_reads_does_not_hold_and_records_its_interval_and_draws():
+    true, controls, groups = planted_errors(np.random.default_rng(1), 3 * DELTA)
+    row = readout_excess(true, controls, groups, delta=DELTA, seed=0, scope=dict(op="cut"))
+    assert below_margin(row, DELTA) == FAILS
+    assert row.metric == "readout_excess" and row.scope == dict(op="cut") and row.n == len(true)
+    assert row.value == pytest.approx(true.mean() - controls.mean())
+    assert DELTA < row.low < row.value < row.high and row.interval == "two-level bootstrap 95%"
+    assert row.test["decision"] == "reject" and 0 < row.test["draws"] < 10_000  # a clear case stops early
+
+
+def test_no_harm_with_enough_prompts_holds_and_too_few_straddle_the_delta():
+    """Harm 0 over 200 sequences holds; over 2 sequences of 2 prompts the interval cannot exclude delta: borderline
+    (never "holds" on too little data)."""
+    assert verdict(*planted_errors(np.random.default_rng(2), 0.0, n_groups=200)) == HOLDS
+    true, controls, groups = planted_errors(np.random.default_rng(2), 0.0, n_groups=2, per_group=2)
+    assert verdict(true, controls, groups) == BORDERLINE
+
+
+def test_the_verdict_replicates_across_seeds_of_the_draws():
+    """A true axis at the 90th percentile of a pool of 200 matched axes, and at each seed another 10 of them as
+    its matched controls and another bootstrap: one verdict ("holds": its excess is far below delta) at all 5 seeds
+    (the range rule: "does not hold" at 3 of them, "holds" at 2)."""
+    rng = np.random.default_rng(3)
+    n_groups, per_group = 40, 5
+    true, pool, groups = planted_errors(rng, 0.0, n_groups=n_groups, per_group=per_group, m=200, noise=0.2)
+    true = true - true.mean() + np.quantile(pool.mean(1), 0.9)  # its mean error at the pool's 90th percentile
+    verdicts = set()
+    for seed in range(5):
+        drawn = pool[np.random.default_rng(100 + seed).choice(len(pool), 10, replace=False)]
+        verdicts.add(verdict(true, drawn, groups, seed=seed))
+    assert verdicts == {HOLDS}
+
+
+def test_too_few_control_draws_or_mismatched_prompts_are_refused():
+    from interp_bayes.core.errors import ConfigError
+
+    true, controls, groups = planted_errors(np.random.default_rng(4), 0.0)
+    with pytest.raises(ConfigError, match="at least 2 control draws"):
+        readout_excess(true, controls[:1], groups, delta=DELTA)
+    with pytest.raises(ConfigError, match="at least 2 control draws"):
+        readout_excess(true[:-1], controls, groups, delta=DELTA)
