@@ -122,3 +122,36 @@ def test_a_cell_of_a_run_stopped_early_says_so():
     line = {x.label: x for x in summary(rows(2000), ArchitecturesParams())}["mamba on hmm-sticky"]
     assert line.value.endswith("(stopped at step 2,000 of 4,000)") and line.verdict == "beats the best window"
     assert "stopped" not in {x.label: x for x in summary(rows(4000), ArchitecturesParams())}["mamba on hmm-sticky"].value
+
+
+@pytest.mark.slow
+def test_the_kind_runs_through_the_sweep_and_prints_as_markdown(tmp_path, capsys):
+    """The recipe with a trained folder only, through ``interp-bayes sweep --set``: rows, the figure in the
+    report, ``interp-bayes results RUN --format markdown`` with the table as summary lines; a second sweep finds it
+    cached."""
+    from interp_bayes import cli
+    from interp_bayes.model.testing import make_tiny_model
+    from interp_bayes.report.view import RunView
+
+    torch.set_num_threads(1)
+    folder = tmp_path / "bijection-mlp"
+    argv = ["bijection", "--preset", "tiny", "--arch", "mlp", "--steps", "3", "--out", str(folder), "--quiet"]
+    assert train_main(argv) == 0
+    make_tiny_model("llama3", tmp_path / "m")  # the sweep's model: never read by this kind
+    sweep = ["sweep", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "runs"), "--quiet", "--threads", "1",
+             "--probes", "architectures", "--set", "architectures.committed=false",
+             f"architectures.folders=[{folder}]", "architectures.n=16"]
+    assert cli.main(sweep) == 0
+    run_folder = next((tmp_path / "runs").glob("*/*/probes/architectures")).parents[1]
+    view = RunView.load(run_folder)
+    rows = view.probes("architectures")[0].rows
+    assert {r.scope["checkpoint"] for r in rows} == {"bijection-mlp"} and find(rows, "kl_bits").n == 16
+    assert "fig-architectures-architectures" in (run_folder / "report.html").read_text()
+    assert cli.main(["results", str(run_folder), "--format", "markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "## architectures (kind architectures, on architectures x tunnels)" in text
+    assert "| mlp on bijection | KL " in text and "| lstm on hmm | not trained; paper 0.411 |" in text
+    assert "`margin_bits`" in text and "`n_params`" in text
+    before = (run_folder / "probes" / "architectures" / "stage.json").read_text()
+    assert cli.main(sweep) == 0
+    assert (run_folder / "probes" / "architectures" / "stage.json").read_text() == before  # cached
