@@ -44,7 +44,7 @@ class ArchitecturesParams(Params):
 
         committed = [d for d in sorted(PACKAGED.iterdir()) if self.committed
                      and (tunnel_config(d) or {}).get("task") in DISCRETE_TASKS]
-        folders = committed + [tunnel_folder(f, self.kind, DISCRETE_TASKS) for f in self.folders]
+        folders = committed + [tunnel_folder(f, self.kind, DISCRETE_TASKS, param="folders") for f in self.folders]
         if not folders:
             raise ConfigError("The architectures kind has nothing to score: set committed: true or name trained "
                               "folders in folders:.")
