@@ -5,8 +5,10 @@ elsewhere).
 
 ``tests/data/architectures_rows.json`` holds that script's ``score(folder, 64)`` of every committed checkpoint of a
 discrete tunnel (``eval_seconds`` dropped) and its ``cell()`` for every architecture and tunnel, written once at
-commit b1b0cbe, before the script was deleted (``python capture.py ROOT OUT``: the script loaded by path, rows and
-cells dumped as JSON). Below, the same through the kind, its rows read back into the script's fields, compared
+commit b1b0cbe, before the script was deleted, by a one-off script run there with one torch thread: the script
+loaded by path (``importlib``), ``rows = [score(f, 64) for f in committed folders if tunnel_of(config) in TUNNELS]``,
+``cells = {f"{arch}/{tunnel}": cell(row or None, arch, tunnel) for arch in ARCHS for tunnel in TUNNELS}``, both
+dumped as JSON. Below, the same through the kind, its rows read back into the script's fields, compared
 number by number (``tests.test_moved_rows.differences``: relative 1e-6) and its summary against the cells."""
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ from ..core.results import Row, find, select
 from ..stats.ledger import BORDERLINE
 from ..stats.sequential import ACCEPT, REJECT
 from ..windtunnel.configs import ARCHS  # the table's rows
+from ..windtunnel.evaluate import evaluate_windtunnel
+from ..windtunnel.table import task_entry
+from ..windtunnel.tunnels import PACKAGED, open_tunnel, tunnel_config
 from .windtunnel import DISCRETE_TASKS, tunnel_folder
 
 TUNNELS = ("bijection", "bijection-replacement", "hmm", "hmm-sticky", "recall")  # the table's columns
@@ -40,8 +43,6 @@ class ArchitecturesParams(Params):
     def checkpoints(self) -> dict:
         """Every folder scored, by name (a later folder of one architecture and tunnel takes the earlier one's
         summary line; both keep their rows); ConfigError when none is, or two share a name (the rows' scope)."""
-        from ..windtunnel.tunnels import PACKAGED, tunnel_config
-
         committed = [d for d in sorted(PACKAGED.iterdir()) if self.committed
                      and (tunnel_config(d) or {}).get("task") in DISCRETE_TASKS]
         folders = committed + [tunnel_folder(f, self.kind, DISCRETE_TASKS, param="folders") for f in self.folders]
@@ -68,10 +69,6 @@ def tunnel_of(config) -> str:
 def score_rows(folder: Path, n: int, seed: int) -> list[Row]:
     """One checkpoint's rows: a fresh evaluation of ``n`` held-out sequences at its training length, with the
     window filters beside it, and the training facts behind the number (parameters, steps, times)."""
-    from ..windtunnel.evaluate import evaluate_windtunnel
-    from ..windtunnel.table import task_entry
-    from ..windtunnel.tunnels import open_tunnel
-
     tunnel = open_tunnel(folder)
     task, config = tunnel.task, tunnel.config
     length = task_entry(task.name).lengths(task)[0]  # the first length: the one it was trained at
