@@ -93,8 +93,8 @@ train-paper: $(STAMP)
 	    $(TRAIN) $$1 --preset $$2 --arch $$arch --device $(DEVICE) --out $$out $(ARGS); done; done
 	$(PY) examples/windtunnel_analyses.py --out $(WT_OUT)/analyses --checkpoints $(WT_OUT)/bijection-paper \
 	  $(WT_OUT)/hmm-paper $(WT_OUT)/hmm-sticky-paper
-	$(PY) examples/architecture_table.py --out $(WT_OUT)/architectures --no-committed \
-	  --checkpoints $$(dirname $(WT_OUT)/*/windtunnel.json)
+	$(VENV)/bin/interp-bayes sweep --out $(WT_OUT)/architectures --probes architectures --set \
+	  architectures.committed=false "architectures.folders=[$$(dirname $(WT_OUT)/*/windtunnel.json | paste -sd, -)]"
 
 # The prepared one-GPU run of issue 29 (bench/gpu_run.py: wind tunnels to paper accuracy, real-size benchmarks,
 # placement; at most 8 minutes on one H200), results in $(GPU_OUT)/. On a GPU machine without network whose python3

@@ -395,12 +395,9 @@ def test_dry_run_refuses_with_the_runs_own_sentence(model, tmp_path, capsys, mon
     assert said[0] == said[1], said
 
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
 def _bad_commands(model: Path, run: Path, d: Path) -> dict:
-    """The other command lines (train, dynamics, results, compare, the example scripts): case -> (files to create
-    first, argv); an argv starting with a script of examples/ runs that script's main()."""
+    """The other command lines (train, dynamics, results, compare, a wind-tunnel recipe's parameters): case ->
+    (files to create first, argv)."""
     train = ["train", "bijection", "--preset", "tiny", "--quiet"]
     return {
         "train --steps -5": ({}, [*train, "--out", d / "t", "--steps", "-5"]),
@@ -418,24 +415,12 @@ def _bad_commands(model: Path, run: Path, d: Path) -> dict:
         "dynamics --record-every 0": ({}, ["dynamics", "--record-every", "0", "--out", d / "dyn.json"]),
         "dynamics --seeds -1": ({}, ["dynamics", "--seeds", "-1", "--out", d / "dyn.json"]),
         "dynamics --deep-device tpu": ({}, ["dynamics", "--deep", "--deep-device", "tpu", "--out", d / "dyn.json"]),
-        "architecture_table.py --n -5": ({}, [EXAMPLES / "architecture_table.py", "--out", d / "a", "--n", "-5"]),
+        "architectures n -5": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes", "architectures",
+                                    "--set", "architectures.n=-5"]),
+        "architectures folders not a tunnel": ({"dir/x.txt": ""}, ["sweep", "--model", model, "--out", d / "out",
+                                                                   "--probes", "architectures", "--set",
+                                                                   f"architectures.folders=[{d / 'dir'}]"]),
     }
-
-
-def _run_command(argv: list, capsys) -> tuple[int, str]:
-    if str(argv[0]).endswith(".py"):  # an example script, through its main()
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(f"example_{Path(argv[0]).stem}", argv[0])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        try:
-            code = module.main([str(a) for a in argv[1:]])
-        except SystemExit as err:
-            code = err.code
-        out = capsys.readouterr()
-        return code, out.out + out.err
-    return _cli(argv, capsys)
 
 
 BAD_COMMANDS = list(_bad_commands(Path("model"), Path("run"), Path("case")))
@@ -452,7 +437,7 @@ def test_bad_command_exits_2_with_one_sentence_and_creates_nothing(model, clean,
         (d / name).write_text(text)
     monkeypatch.chdir(d)
     before, run_before = _tree(d), _tree(clean)
-    code, text = _run_command(argv, capsys)
+    code, text = _cli(argv, capsys)
     _assert_refused(code, text, case)
     assert _tree(d) == before, f"{case}: files changed: {sorted(set(_tree(d)) ^ set(before))}"
     assert _tree(clean) == run_before

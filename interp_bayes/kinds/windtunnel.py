@@ -23,10 +23,12 @@ from ..windtunnel.tunnels import PACKAGED, checkpoint_folder, open_tunnel, tunne
 DISCRETE_TASKS = ("bijection", "hmm", "recall")  # tasks whose exact posterior is over hypothesis tokens
 
 
-def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str, ...] | None = None) -> Path:
-    """The folder of the wind tunnel ``name`` (a packaged checkpoint's name or a trained folder), refused
-    (ConfigError listing the packaged ones that fit) when it holds no wind tunnel, or one of a task this kind does not
-    read, or (``archs``) of an architecture without the hooks it reads."""
+def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str, ...] | None = None,
+                  param: str = "tunnel") -> Path:
+    """The folder of the wind tunnel ``name`` (a packaged checkpoint's name or a trained folder) that the kind's
+    parameter ``param`` names, refused (ConfigError listing the packaged ones that fit) when it holds no wind
+    tunnel, or one of a task this kind does not read, or (``archs``) of an architecture without the hooks it
+    reads."""
     from ..core.errors import ConfigError
 
     def fits(config: dict | None) -> bool:
@@ -41,10 +43,10 @@ def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str
     fit = ", ".join(d.name for d in sorted(PACKAGED.iterdir()) if fits(tunnel_config(d)))
     what = " or ".join(tasks) + (f" {'/'.join(archs)}" if archs else "")
     if config is None:
-        raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, which is no wind-tunnel "
+        raise ConfigError(f"Parameter '{param}' of probe kind '{kind}' names {name!r}, which is no wind-tunnel "
                           f"checkpoint (no windtunnel.json there); name a packaged one ({fit}) or a folder written "
                           "by `interp-bayes train`.")
-    raise ConfigError(f"Parameter 'tunnel' of probe kind '{kind}' names {name!r}, a {config['task']} "
+    raise ConfigError(f"Parameter '{param}' of probe kind '{kind}' names {name!r}, a {config['task']} "
                       f"{config.get('arch', '')} wind tunnel, but this kind reads {what} tunnels; name one of "
                       f"{fit} (or a trained folder of that kind).")
 
