@@ -420,6 +420,11 @@ def _bad_commands(model: Path, run: Path, d: Path) -> dict:
         "architectures folders not a tunnel": ({"dir/x.txt": ""}, ["sweep", "--model", model, "--out", d / "out",
                                                                    "--probes", "architectures", "--set",
                                                                    f"architectures.folders=[{d / 'dir'}]"]),
+        "p4b n_fit 0": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes", "p4b", "--set", "p4b.n_fit=0"]),
+        "p4b tunnel an HMM": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes", "p4b", "--set",
+                                   "p4b.tunnel=hmm-cpu"]),
+        "tunnel_geometry n -1": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes", "tunnel_geometry_hmm",
+                                      "--set", "tunnel_geometry_hmm.n=-1"]),
     }
 
 
