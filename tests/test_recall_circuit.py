@@ -72,3 +72,19 @@ def test_shape_mismatch_is_refused():
     ids, patterns = planted(task)
     with pytest.raises(ConfigError, match="layer 1"):
         recall_circuit_scores([patterns[0], patterns[1][:, :, :-1, :-1]], ids, task)
+
+
+def test_committed_recall_transformer_has_no_binding_head():
+    """The committed recall-cpu transformer (recall 25%): every layer-0 head spreads its attention from the query
+    keys evenly over the N = 4 stored values (the stored-values shortcut, docs/windtunnels.md), and no head of either
+    layer gives the queried key's value more than its 1/N share."""
+    from interp_bayes.analyses.recall_circuit import recall_circuit
+    from interp_bayes.windtunnel.tunnels import open_tunnel
+
+    torch.set_num_threads(1)
+    tunnel = open_tunnel("recall-cpu")
+    s = scores(recall_circuit(tunnel.model, tunnel.task, n=200, n_boot=200))
+    for head in range(4):
+        assert s["recall_value_attention", 0, head].value > 0.2  # ~0.93 of each row on the four stored values
+        for layer in range(2):
+            assert abs(s["recall_value_share", layer, head].value - 0.25) < 0.02
