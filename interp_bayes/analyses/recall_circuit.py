@@ -42,19 +42,22 @@ def recall_circuit_scores(patterns: Sequence[np.ndarray | torch.Tensor], input_i
         if tuple(p.shape[:1]) + tuple(p.shape[2:]) != (n, T, T):
             raise ConfigError(f"The attention pattern of layer {layer} has shape {tuple(p.shape)}; expected "
                               f"[{n}, heads, {T}, {T}] for {n} sequences of {T} tokens.")
-    slot = torch.arange(N)
+    slot = np.arange(N)
     key_pos, value_pos = 4 * slot + 1, 4 * slot + 3  # [N]
-    query_pos = task.query_positions(N)  # [M]
+    query_pos = task.query_positions(N).numpy()  # [M]
+    tokens = ids.numpy()
     # [n, M] the stored slot of each query's key (the keys of a sequence are distinct)
-    match = (ids[:, key_pos][:, None, :] == ids[:, query_pos][:, :, None]).float().argmax(-1)
-    m = match.numpy()
+    m = (tokens[:, key_pos][:, None, :] == tokens[:, query_pos][:, :, None]).argmax(-1)
     rows_out = []
     for layer, p in enumerate(patterns):
         a = as_float64(p)  # [n, heads, T, T]
         at_query = a[:, :, query_pos]  # [n, heads, M, T]
-        take = lambda pos: np.take_along_axis(at_query, pos[:, None, :, None], axis=-1)[..., 0]  # noqa: E731
+
+        def take(pos: np.ndarray) -> np.ndarray:  # [n, M] positions -> [n, heads, M] attention from each query
+            return np.take_along_axis(at_query, pos[:, None, :, None], axis=-1)[..., 0]
+
         value = take(4 * m + 3)  # [n, heads, M]
-        on_values = at_query[..., value_pos.numpy()].sum(-1)  # [n, heads, M]
+        on_values = at_query[..., value_pos].sum(-1)  # [n, heads, M]
         per_seq = {
             "recall_key_lookback": a[:, :, value_pos, key_pos].mean(-1),  # [n, heads]
             "recall_prefix_matching": take(4 * m + 2).mean(-1),
