@@ -23,6 +23,7 @@ _EXPORTS = {
     "analyses.mechanisms": ["MechanismComparison", "axis_null_overlap", "compare_mechanisms", "scale_entropy",
                             "value_axis_in_residual"],
     "analyses.neurons": ["AblationProtocol", "EntropyNeuronReport", "entropy_neurons"],
+    "analyses.recall_circuit": ["recall_circuit", "recall_circuit_scores"],
     "analyses.unembedding": ["frequency_neurons", "neuron_scores", "unembedding_null_space", "unigram_counts"],
     "core.errors": ["AxisError", "ConfigError", "GridError", "InterpBayesError", "InterventionError",
                     "ModelLoadError", "ModelNotFoundError", "NonFiniteActivationError", "PromptError",
