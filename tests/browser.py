@@ -1,5 +1,5 @@
 """Headless Chromium as a measuring instrument for report pages: the load time of a page and a screenshot of its
-first screen (1400 x 900). Used by tests/test_report_browser.py, and on its own to compare two pages:
+first screen (1400 x 900). Used by tests/report/test_report_browser.py, and on its own to compare two pages:
 
     python tests/browser.py PAGE.html [SCREENSHOT.png]
 

@@ -197,3 +197,19 @@ def test_checks_see_a_planted_violation(tmp_path):
     assert mod.imports == [("interp_bayes.kinds.y", "_hidden", 2), ("interp_bayes.kinds.y", None, 3)]
     assert mod.private_uses == [("interp_bayes.kinds.y", "_z", 4)]
     assert rank("interp_bayes.kinds.y") > rank(mod.name)
+
+
+# tests of the whole project (its command line, docs, packaging, layout, refusals), the rest by the family they test
+PROJECT_TESTS = {"test_bench.py", "test_cli.py", "test_docs.py", "test_errors.py", "test_gpu_run.py", "test_layout.py",
+                 "test_notebook.py", "test_packaging.py", "test_safety.py", "test_stop.py"}
+
+
+def test_tests_mirror_the_package_families():
+    """A test file sits in the folder of the family it tests (``tests/stats/`` for ``interp_bayes/stats/``), so a
+    family's tests are found by its name; only the project-wide tests stay at the top."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in {"data", "__pycache__"}}
+    assert folders == set(RANKS), f"test folders {sorted(folders ^ set(RANKS))} do not match the package's families"
+    top = {p.name for p in tests.glob("test_*.py")}
+    assert top == PROJECT_TESTS, (f"{sorted(top - PROJECT_TESTS)} belong in the folder of the family they test"
+                                  if top - PROJECT_TESTS else f"{sorted(PROJECT_TESTS - top)} moved: update PROJECT_TESTS")

@@ -4,7 +4,7 @@ A null that keeps a confound (shuffling only within strata) is not centred at ze
 is: it is two-sided and equal-tailed, p = 2 min(1 + #{d >= obs}, 1 + #{d <= obs}) / (1 + n), capped at 1 (Davison
 and Hinkley's +1 keeps it valid). It agrees with the null's central 95% range shown beside it: an observed value
 inside that range has p > 0.05, always; one outside has p < 0.05 up to the granularity of the draws (p can exceed
-0.05 by at most 4 / (1 + n) when the value lies just outside). ``tests/test_stats.py`` proves both.
+0.05 by at most 4 / (1 + n) when the value lies just outside). ``tests/stats/test_stats.py`` proves both.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def closed_pair(each: dict[str, bool | None], either: bool | None) -> dict[str, 
     """Which deconfounded readings clear, by closed testing: a reading clears when its own test rejects and so does
     the global test of both (max(|partial|, |within|) against the same permutations). Each at its own 5% would let a
     confounded null through about 8% of the time (either of two correlated tests); this at most 5%
-    (``tests/test_family.py`` plants it), with every test at the full level (so as few draws as one test needs).
+    (``tests/stats/test_family.py`` plants it), with every test at the full level (so as few draws as one test needs).
     Three-valued: True rejected, False not, None undecided at the cap."""
     def both(a, b):
         return False if a is False or b is False else None if a is None or b is None else True

@@ -6,8 +6,8 @@ the numbers and verdicts the functions before the move gave, on the committed ch
 decoding and ablation tables, geometry, answer, unedited losses and cost tolerance; ``analyses.p4b.tunnel_geometry``
 on hmm-sticky-cpu-mlp-context with ``n=16, folds=2, n_null=2, n_boot=10``; ``analyses.belief.
 windtunnel_belief_probes`` on hmm-cpu with ``n_sequences=20, readings=("resid",), layers=[0], n_shuffles=2,
-n_boot=10``), each passed through ``tests.test_moved_rows.plain``. Below, the same settings through the kinds, their
-rows read back into the old tables' fields, compared number by number (``tests.test_moved_rows.differences``:
+n_boot=10``), each passed through ``tests.analyses.test_moved_rows.plain``. Below, the same settings through the kinds, their
+rows read back into the old tables' fields, compared number by number (``tests.analyses.test_moved_rows.differences``:
 relative 1e-6, verdicts exactly)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_moved_rows import differences, plain
+from tests.analyses.test_moved_rows import differences, plain
 
-DATA = Path(__file__).resolve().parent / "data" / "tunnel_kinds_rows.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "tunnel_kinds_rows.json"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import chromium, measure
-from tests.test_report import runs  # noqa: F401  (the module's run folders, a fixture)
+from tests.report.test_report import runs  # noqa: F401  (the module's run folders, a fixture)
 
 LIMIT_MS = 2000
 

@@ -9,7 +9,7 @@ commit b1b0cbe, before the script was deleted, by a one-off script run there wit
 loaded by path (``importlib``), ``rows = [score(f, 64) for f in committed folders if tunnel_of(config) in TUNNELS]``,
 ``cells = {f"{arch}/{tunnel}": cell(row or None, arch, tunnel) for arch in ARCHS for tunnel in TUNNELS}``, both
 dumped as JSON. Below, the same through the kind, its rows read back into the script's fields, compared
-number by number (``tests.test_moved_rows.differences``: relative 1e-6) and its summary against the cells."""
+number by number (``tests.analyses.test_moved_rows.differences``: relative 1e-6) and its summary against the cells."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from interp_bayes.kinds.architectures import ArchitecturesParams, run, summary, 
 from interp_bayes.windtunnel.configs import make_config
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.windtunnel.train import train_main
-from tests.test_moved_rows import differences
+from tests.analyses.test_moved_rows import differences
 
-DATA = Path(__file__).resolve().parent / "data" / "architectures_rows.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "architectures_rows.json"
 
 
 def old_rows(rows) -> list[dict]:

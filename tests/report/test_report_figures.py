@@ -15,7 +15,7 @@ from interp_bayes.report.html import unique_titles
 from interp_bayes.report.view import ProbeView, RunView
 from interp_bayes.core.results import Row
 
-from tests.test_report import runs  # noqa: F401  (the module's run folders, a fixture)
+from tests.report.test_report import runs  # noqa: F401  (the module's run folders, a fixture)
 
 
 def _probe(kind, rows=(), params=None, data=None, name=None, tmp_path=None):

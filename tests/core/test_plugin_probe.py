@@ -22,7 +22,7 @@ from interp_bayes.core.errors import ConfigError
 from interp_bayes.core.results import find
 from interp_bayes.run.sweep import load_probe, run_sweep
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "adding-a-probe.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "adding-a-probe.md"
 DOC_TEXT = DOC.read_text()
 MODULE = re.search(r"```python\n(.*?)```", DOC_TEXT, re.S).group(1)  # the worked example's module
 RECIPE = yaml.safe_load(re.search(r"```yaml\n(.*?)```", DOC_TEXT, re.S).group(1))

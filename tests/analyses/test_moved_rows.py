@@ -2,7 +2,7 @@
 moved to ``stats.info`` (item 3), equal to the rows the code before the move gave on the committed checkpoints.
 
 ``tests/data/moved_rows.json`` was written by ``compute()`` below run on the code before the move (commit 64eb0d5;
-``PYTHONPATH=<that checkout> python -c "import tests.test_moved_rows as t, json; json.dump(t.compute(), ...)"``).
+``PYTHONPATH=<that checkout> python -c "import tests.analyses.test_moved_rows as t, json; json.dump(t.compute(), ...)"``).
 On the machine that wrote it the rows are bit-identical; the comparison allows float64 rounding of float32
 forwards on another CPU (relative 1e-6)."""
 
@@ -18,7 +18,7 @@ import torch
 
 import interp_bayes
 
-DATA = Path(__file__).resolve().parent / "data" / "moved_rows.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "moved_rows.json"
 CHECKPOINTS = Path(interp_bayes.__file__).resolve().parent / "windtunnel" / "checkpoints"
 PATH_KEYS = ("folder", "run")  # where the checkpoint sat: not a number
 
@@ -43,7 +43,7 @@ def plain(x):
 def compute() -> dict:
     """The subspace ablation (the transformer) and the frame curves, at small settings; only the API that exists
     before and after the move. (P4b, the tunnel geometry and the belief probes, the fixture's ``p4b``, ``geometry``
-    and ``belief``, became kinds: ``tests/test_tunnel_kinds.py`` compares their rows with the functions' outputs
+    and ``belief``, became kinds: ``tests/kinds/test_tunnel_kinds.py`` compares their rows with the functions' outputs
     before that move.)"""
     from interp_bayes.analyses.subspaces import subspace_ablation
     from interp_bayes.dynamics.frames import frame_precision_run

@@ -33,7 +33,7 @@ from interp_bayes.windtunnel.train import (
 
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "interp_bayes" / "windtunnel" / "checkpoints"
 
 
 def test_tokenizer_maps_task_symbols_to_their_ids():

@@ -43,7 +43,7 @@ from interp_bayes.windtunnel.train import save_folder, train_main, train_windtun
 
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "interp_bayes" / "windtunnel" / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "interp_bayes" / "windtunnel" / "checkpoints"
 DIMS = [(1, 1), (2, 1), (2, 2), (3, 1), (3, 2)]
 
 
