@@ -3,7 +3,9 @@
 Every reading of activations in the toolkit is a forward pass of this module: hooks on the requested sites
 (``(layer, reading)`` pairs, TransformerLens's hook points: ``model.hooks.reading_hook``) that keep, detached to CPU
 float32, one row per read position, beside the model's next-token distribution there. ``model.collect`` keeps its
-public functions as calls of ``read``, and ``run.sweep.Context.activations`` caches its sets by content.
+public functions as calls of ``read``, and ``run.sweep.Context.activations`` caches its sets by content. Whole
+attention patterns, [n, heads, T, T] per layer, are no rows of a position (their key axis grows with it): ``patterns``
+reads them with the same hook names, batching and refusals.
 
 Inputs are either prompts (text or token ids), grouped into buckets of equal token length so that no prompt is ever
 padded and a prompt's numbers do not depend on which other prompts share its batch (tests compare single and batched
@@ -545,3 +547,33 @@ def read(
     if at != "final":  # the positions of a sequence are not independent: it is the unit
         acts.with_groups(np.repeat(np.arange(len(lengths)), lengths))
     return acts
+
+
+@torch.no_grad()
+def patterns(model, input_ids: torch.Tensor, layers: Iterable[int] | None = None, *,
+             batch_size: int | None = None) -> list[torch.Tensor]:
+    """Attention patterns ``hook_pattern`` [n, heads, T, T] (rows: query positions), float32 on the CPU, one per
+    layer in ``layers`` (None: every layer; negative ones count from the end), of equal-length token sequences
+    ``input_ids`` [n, T], in chunks of ``batch_size`` sequences (None: about ``TOKENS_PER_BATCH`` tokens)."""
+    n_layers = model.cfg.n_layers
+    layers = [layer_index(layer, n_layers) for layer in (range(n_layers) if layers is None else layers)]
+    ids = torch.as_tensor(input_ids)
+    n, T = ids.shape
+    size = batch_size or max(1, TOKENS_PER_BATCH // T)
+    device = next(model.parameters()).device
+    current: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(layer: int) -> Callable:
+        def hook(act: torch.Tensor, hook) -> None:
+            current[("pattern", layer)] = act.detach().to("cpu", torch.float32)
+        return hook
+
+    parts: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    for start in range(0, n, size):
+        check_stop()
+        with model.hooks(fwd_hooks=[(act_name("pattern", layer), keep(layer)) for layer in layers]):
+            model(ids[start:start + size].to(device))
+        for (_, layer), t in checked(current, range(start, min(n, start + size))).items():
+            parts[layer].append(t)
+        current.clear()
+    return [torch.cat(parts[layer]) for layer in layers]
