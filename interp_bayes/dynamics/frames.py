@@ -16,7 +16,7 @@ from ..stats import as_float64, is_constant
 from ..stats.pca import mean_abs_offdiag_cos, pca, spearman
 from ..stats import info
 
-from ..windtunnel.tunnels import is_tunnel, load_model, open_tunnel
+from ..windtunnel.tunnels import is_tunnel, load_model, open_tunnel, saved_checkpoints
 from .measures import cv_r2, geometric_mean_interval, pc1_share
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
@@ -158,7 +158,7 @@ def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` pairs of a wind-tunnel run: ``RUN/checkpoints/step_NNNNNN`` plus the final model in ``RUN``
     (its step from ``windtunnel.json``: ``step`` if recorded, else the configured ``steps``)."""
     run = Path(run)
-    series = {int(f.name.split("_")[1]): f for f in sorted((run / "checkpoints").glob("step_*")) if f.is_dir()}
+    series = saved_checkpoints(run)
     if is_tunnel(run):
         series.setdefault(open_tunnel(run).step, run)
     if len(series) < 2:

@@ -18,7 +18,7 @@ from ..core.results import Row, find, select
 from ..model.read import patterns
 from ..stats.ledger import fmt, interval_side
 from ..windtunnel.recall import evaluate_recall
-from ..windtunnel.tunnels import open_tunnel
+from ..windtunnel.tunnels import open_tunnel, saved_checkpoints
 from .windtunnel import TunnelParams
 
 BINDS = 0.5  # a binding head gives the queried key's value most of its attention on the stored values
@@ -39,7 +39,7 @@ class RecallCircuitParams(TunnelParams):
         holds every model it reads."""
         named = super().checkpoints()
         if self.steps:
-            named |= {f.name: f for f in sorted((named["tunnel"] / "checkpoints").glob("step_*"))}
+            named |= {f.name: f for f in saved_checkpoints(named["tunnel"]).values()}
         return named
 
 
@@ -58,9 +58,11 @@ def checkpoint_rows(folder: Path, p: RecallCircuitParams) -> list[Row]:
 
 
 def run(ctx, p: RecallCircuitParams) -> Result:
-    named = p.checkpoints()
-    final = named.pop("tunnel")  # the saved steps (names zero-padded: in order) before the final model
-    return Result([r for folder in [*named.values(), final] for r in checkpoint_rows(folder, p)])
+    folder = p.checkpoints()["tunnel"]
+    saved = saved_checkpoints(folder) if p.steps else {}
+    # the saved steps in order, then the final model unless a saved checkpoint holds its step (as dynamics.frames)
+    folders = [*saved.values()] + ([folder] if open_tunnel(folder).step not in saved else [])
+    return Result([r for f in folders for r in checkpoint_rows(f, p)])
 
 
 def subject(p: RecallCircuitParams) -> str:
