@@ -1,7 +1,7 @@
-"""The one activation reader, ``model.read.read``: the functions that became calls of it give what their own hooks
-gave (the former hook code is kept here as the reference, and the same arithmetic runs, so outputs are equal bit
-for bit), its rows at positions, its refusals, and ``Context.activations`` caching a wind tunnel's readings by
-identity."""
+"""The one activation reader, ``model.read.read`` (and ``patterns``): the functions that became calls of it give what
+their own hooks gave (the former hook code is kept here as the reference, and the same arithmetic runs, so outputs
+are equal bit for bit), its rows at positions, its refusals, and ``Context.activations`` caching a wind tunnel's
+readings by identity."""
 
 import math
 
@@ -86,6 +86,22 @@ def former_kalman_readings(bridge, batch, readout_ids, state_dim, layers, readin
         _, chol = gaussian_head(logits[:, qpos][..., readout_ids].double().cpu(), state_dim)
         cov.append(chol @ chol.mT)
     return {key: torch.cat(chunks) for key, chunks in parts.items()}, torch.cat(cov)
+
+
+@torch.no_grad()
+def former_take_snapshot(model, batch, hypothesis_ids):
+    """``dynamics.frames.take_snapshot``'s two ``run_with_cache`` passes, as they were."""
+    n_layers = model.cfg.n_layers
+    hyp = torch.as_tensor(list(hypothesis_ids))
+    keep = lambda name: name.endswith(("hook_pattern", "hook_v", "hook_k"))  # noqa: E731
+    logits, cache = model.run_with_cache(batch.input_ids, names_filter=keep)
+    _, key_cache = model.run_with_cache(hyp[:, None], names_filter=keep)
+    log_p = torch.log_softmax(logits[:, batch.query_pos][..., hyp].double(), -1)
+    values = cache[f"blocks.{n_layers - 1}.attn.hook_v"][:, batch.query_pos]
+    return dict(patterns=[cache[f"blocks.{layer}.attn.hook_pattern"].double() for layer in range(n_layers)],
+                layer0_keys=key_cache["blocks.0.attn.hook_k"][:, 0].double(),
+                values=values.flatten(2).flatten(0, 1).double(), log_p=log_p,
+                groups=np.repeat(np.arange(values.shape[0]), values.shape[1]))
 
 
 # --- each move: equal outputs ---------------------------------------------------------------------------------------
@@ -241,3 +257,20 @@ def test_context_caches_a_tunnels_readings_by_identity(tmp_path, monkeypatch):
 
     key = content_key(tunnel.identity, None, prompt_digest(prompts), [1], ["v"], None, __version__)
     assert ctx.acts_path("final", prompts, layers=[1], readings=("v",), subject=tunnel).name == f"final-{key}"
+
+
+@pytest.mark.parametrize("name", ["bijection-cpu", "hmm-sticky-cpu"])
+def test_frame_snapshot_equals_the_former_run_with_cache(name):
+    """``dynamics.frames.take_snapshot`` reads through ``read`` and ``patterns``: every field as before, bit for bit."""
+    from interp_bayes.dynamics.frames import take_snapshot
+    from interp_bayes.stats.info import entropy_of_log_probs
+
+    tunnel = open_tunnel(name)
+    batch = tunnel.task.sample(6, seed=3)
+    new = take_snapshot(tunnel.model, batch, tunnel.task.hypothesis_ids)
+    old = former_take_snapshot(tunnel.model, batch, tunnel.task.hypothesis_ids)
+    assert len(new.patterns) == len(old["patterns"]) == tunnel.model.cfg.n_layers
+    assert all(torch.equal(a, b) for a, b in zip(new.patterns, old["patterns"], strict=True))
+    assert torch.equal(new.layer0_keys, old["layer0_keys"]) and torch.equal(new.values, old["values"])
+    assert torch.equal(new.model_entropy, entropy_of_log_probs(old["log_p"]).flatten())
+    assert np.array_equal(new.groups, old["groups"])

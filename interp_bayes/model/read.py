@@ -53,6 +53,7 @@ def _final_query_entropy(pattern: torch.Tensor) -> torch.Tensor:
 # reading -> its reduction to one row per prompt (the hook it is taken from: ``model.hooks.reading_hook``)
 REDUCTIONS = {
     "v": _final_flat,  # hook_v [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
+    "k": _final_flat,  # hook_k [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
     "z": _final_flat,  # hook_z [batch, pos, n_heads, d_head] -> n_heads * d_head
     "resid": _final_flat,  # hook_resid_post [batch, pos, d_model]
     "resid_pre": _final_flat,  # hook_resid_pre [batch, pos, d_model]; layer 0: the embedding output
@@ -466,9 +467,9 @@ def read(
 
     ``inputs``: prompts (text, through the checkpoint's own tokenizer, or token ids) or a batch of equal-length
     sequences (``TaskBatch``, ``KalmanBatch``, ``Sequences``). ``sites``: ``(layer, reading)`` pairs (``sites_of``),
-    readings among ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
-    concatenated), ``"resid"`` (residual stream after the block), ``"resid_pre"`` (before it; at layer 0 the
-    embedding output) and ``"attn_entropy"`` (entropy in bits of each query head's attention row); negative layers
+    readings among ``"v"`` (value vectors, per KV head, concatenated), ``"k"`` (key vectors, likewise), ``"z"``
+    (attention output per query head, concatenated), ``"resid"`` (residual stream after the block), ``"resid_pre"``
+    (before it; at layer 0 the embedding output) and ``"attn_entropy"`` (entropy in bits of each query head's attention row); negative layers
     count from the end. ``at``: ``"final"`` (the final token of each prompt or sequence), ``"queries"`` (a batch's
     ``query_pos``, rows sequence-major) or ``"all"`` (every position, rows sequence-major).
 
