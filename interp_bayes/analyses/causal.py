@@ -298,7 +298,7 @@ def model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_
     One clean pass per batch of equal length captures the residual entering the first block the edit can change
     (``model.prefix.capture_residuals``); each interchange replays it (``replay_prefix``) with the final position's
     vector replaced, so only the blocks from the site on compute. Log-probabilities are over ``label_tokens``."""
-    from ..model.read import final_logits, final_position_tail, length_batches, tokenize
+    from ..model.read import final_logits, final_position_tail, length_batches, read, tokenize
     from ..model.hooks import reading_hook
     from ..model.prefix import capture_residuals, replay_prefix
 
@@ -312,17 +312,19 @@ def model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_
     v_hook = reading_hook("v", layer)
     for j, rows in enumerate(batches):
         ids = torch.tensor([token_ids[i] for i in rows], device=device)
-        kept = {}
-
-        def keep(act, hook):
-            kept["v"] = act[:, -1].reshape(act.shape[0], -1).detach()
-
-        with torch.no_grad(), capture_residuals(model, [start]) as store, \
-                model.hooks(fwd_hooks=[(v_hook, keep)] if reading == "v" else []):
-            final_logits(model, ids)
+        # the clean pass of the batch, capturing the residual entering ``start``: ``read`` keeps the value vectors;
+        # a residual site is the captured block output itself, from a whole forward (``read``'s final-position tail
+        # would round the last block's output at the final position otherwise)
+        with capture_residuals(model, [start]) as store:
+            if reading == "v":
+                vec = read(model, ids, [(layer, "v")], batch_size=len(rows)).reading("v", layer)
+            else:
+                with torch.no_grad():
+                    final_logits(model, ids)
         res = store.get(start)
         captured.append(res)
-        vec = kept["v"] if reading == "v" else (res[0] if isinstance(res, tuple) else res)[:, -1]
+        if reading == "resid":
+            vec = (res[0] if isinstance(res, tuple) else res)[:, -1]
         if h.shape[1] == 0:
             h = torch.empty(len(token_ids), vec.shape[1])
         h[torch.as_tensor(rows)] = vec.float().cpu()

@@ -13,7 +13,8 @@ knows its key), and a head at the query key attends to the value whose key match
   query where the head attends to no stored value.
 
 Each is a mean over sequences (per sequence, the mean over its queries or stored pairs) with a bootstrap interval
-over sequences, the unit of independence.
+over sequences, the unit of independence. The patterns come from ``model.read.patterns``; the kind
+``recall_circuit`` reads them at each checkpoint of a run.
 """
 
 from __future__ import annotations
@@ -71,17 +72,3 @@ def recall_circuit_scores(patterns: Sequence[np.ndarray | torch.Tensor], input_i
                          for h in range(a.shape[1])]
     return rows_out
 
-
-def attention_patterns(model, input_ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's ``blocks.{L}.attn.hook_pattern`` [n, heads, T, T] of a hooked model (TransformerLens names)."""
-    with torch.no_grad():
-        _, cache = model.run_with_cache(input_ids, names_filter=lambda name: name.endswith("attn.hook_pattern"))
-    return [cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.cfg.n_layers)]
-
-
-def recall_circuit(model, task: RecallTask, n: int = 500, *, seed: int = 2024, n_boot: int = 1000) -> list[Row]:
-    """``recall_circuit_scores`` of a hooked recall model (``open_tunnel(...).model``) on ``n`` held-out
-    sequences of the task (seed 2024: the evaluator's held-out stream)."""
-    batch = task.sample(n, seed=seed)
-    return recall_circuit_scores(attention_patterns(model, batch.input_ids), batch.input_ids, task, n_boot=n_boot,
-                                 seed=seed)

@@ -12,11 +12,12 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
+from ..model.read import patterns, read
 from ..stats import as_float64, is_constant
 from ..stats.pca import mean_abs_offdiag_cos, pca, spearman
 from ..stats import info
 
-from ..windtunnel.tunnels import is_tunnel, load_model, open_tunnel
+from ..windtunnel.tunnels import is_tunnel, load_model, open_tunnel, saved_checkpoints
 from .measures import cv_r2, geometric_mean_interval, pc1_share
 
 FRAME_METRICS = ("attention_similarity", "layer0_similarity", "key_orthogonality", "frame_head_match")
@@ -43,20 +44,19 @@ def take_snapshot(model, batch, hypothesis_ids: Sequence[int]) -> Snapshot:
     this is ``norm(E_hyp) W_K`` without positions (methods.md §1.7a); absolute-position models add position 0.
     """
     n_layers = model.cfg.n_layers
-    hyp = torch.as_tensor(list(hypothesis_ids))
-    keep = lambda name: name.endswith(("hook_pattern", "hook_v", "hook_k"))  # noqa: E731
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(batch.input_ids, names_filter=keep)
-        _, key_cache = model.run_with_cache(hyp[:, None], names_filter=keep)
-    log_p = torch.log_softmax(logits[:, batch.query_pos][..., hyp].double(), -1)  # [n, Q, H]
-    values = cache[f"blocks.{n_layers - 1}.attn.hook_v"][:, batch.query_pos]  # [n, Q, kv, d_head]
+    hyp = list(hypothesis_ids)
+    n, Q = len(batch.input_ids), len(batch.query_pos)
+    # one forward pass of the whole batch, as the snapshot always took: its numbers do not depend on a chunking
+    acts = read(model, batch, [(n_layers - 1, "v")], at="queries", logit_ids=hyp, batch_size=n)
+    keys = read(model, [[h] for h in hyp], [(0, "k")])
+    log_p = torch.log_softmax(acts.logits.double(), -1).reshape(n, Q, len(hyp))  # [n, Q, H]
     return Snapshot(
-        patterns=[cache[f"blocks.{layer}.attn.hook_pattern"].double() for layer in range(n_layers)],
-        layer0_keys=key_cache["blocks.0.attn.hook_k"][:, 0].double(),
-        values=values.flatten(2).flatten(0, 1).double(),
+        patterns=[p.double() for p in patterns(model, batch.input_ids, batch_size=n)],
+        layer0_keys=keys.reading("k", 0).reshape(len(hyp), keys.meta["n_kv_heads"], -1).double(),
+        values=acts.values().double(),  # [n * Q, kv_heads * d_head], sequence-major
         model_entropy=info.entropy_of_log_probs(log_p).flatten(),
         bayes_entropy=info.entropy(batch.posterior.double()).flatten(),
-        groups=np.repeat(np.arange(values.shape[0]), values.shape[1]),
+        groups=acts.groups,
     )
 
 
@@ -158,7 +158,7 @@ def checkpoint_series(run: str | Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` pairs of a wind-tunnel run: ``RUN/checkpoints/step_NNNNNN`` plus the final model in ``RUN``
     (its step from ``windtunnel.json``: ``step`` if recorded, else the configured ``steps``)."""
     run = Path(run)
-    series = {int(f.name.split("_")[1]): f for f in sorted((run / "checkpoints").glob("step_*")) if f.is_dir()}
+    series = saved_checkpoints(run)
     if is_tunnel(run):
         series.setdefault(open_tunnel(run).step, run)
     if len(series) < 2:

@@ -12,7 +12,8 @@ from functools import cache
 
 # reading -> TL site; "resid_pre" is the residual stream entering a block: at layer 0 the embedding output (for GPT-2
 # the sum of the token and position embeddings), the layer where no attention or recurrence has run yet
-READING_SITES = {"v": "v", "z": "z", "resid": "resid_post", "resid_pre": "resid_pre", "attn_entropy": "pattern"}
+READING_SITES = {"v": "v", "k": "k", "z": "z", "resid": "resid_post", "resid_pre": "resid_pre",
+                 "attn_entropy": "pattern"}
 
 
 @cache
@@ -24,7 +25,7 @@ def act_name(site: str, layer: int | None = None) -> str:
 
 
 def reading_hook(reading: str, layer: int) -> str:
-    """The hook a reading (``v``, ``z``, ``resid``, ``attn_entropy``) is taken from at ``layer``."""
+    """The hook a reading (``v``, ``k``, ``z``, ``resid``, ``attn_entropy``) is taken from at ``layer``."""
     return act_name(READING_SITES[reading], layer)
 
 

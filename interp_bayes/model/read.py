@@ -3,7 +3,9 @@
 Every reading of activations in the toolkit is a forward pass of this module: hooks on the requested sites
 (``(layer, reading)`` pairs, TransformerLens's hook points: ``model.hooks.reading_hook``) that keep, detached to CPU
 float32, one row per read position, beside the model's next-token distribution there. ``model.collect`` keeps its
-public functions as calls of ``read``, and ``run.sweep.Context.activations`` caches its sets by content.
+public functions as calls of ``read``, and ``run.sweep.Context.activations`` caches its sets by content. Whole
+attention patterns, [n, heads, T, T] per layer, are no rows of a position (their key axis grows with it): ``patterns``
+reads them with the same hook names, batching and refusals.
 
 Inputs are either prompts (text or token ids), grouped into buckets of equal token length so that no prompt is ever
 padded and a prompt's numbers do not depend on which other prompts share its batch (tests compare single and batched
@@ -51,6 +53,7 @@ def _final_query_entropy(pattern: torch.Tensor) -> torch.Tensor:
 # reading -> its reduction to one row per prompt (the hook it is taken from: ``model.hooks.reading_hook``)
 REDUCTIONS = {
     "v": _final_flat,  # hook_v [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
+    "k": _final_flat,  # hook_k [batch, pos, n_kv_heads, d_head] -> n_kv_heads * d_head
     "z": _final_flat,  # hook_z [batch, pos, n_heads, d_head] -> n_heads * d_head
     "resid": _final_flat,  # hook_resid_post [batch, pos, d_model]
     "resid_pre": _final_flat,  # hook_resid_pre [batch, pos, d_model]; layer 0: the embedding output
@@ -464,9 +467,9 @@ def read(
 
     ``inputs``: prompts (text, through the checkpoint's own tokenizer, or token ids) or a batch of equal-length
     sequences (``TaskBatch``, ``KalmanBatch``, ``Sequences``). ``sites``: ``(layer, reading)`` pairs (``sites_of``),
-    readings among ``"v"`` (value vectors, per KV head, concatenated), ``"z"`` (attention output per query head,
-    concatenated), ``"resid"`` (residual stream after the block), ``"resid_pre"`` (before it; at layer 0 the
-    embedding output) and ``"attn_entropy"`` (entropy in bits of each query head's attention row); negative layers
+    readings among ``"v"`` (value vectors, per KV head, concatenated), ``"k"`` (key vectors, likewise), ``"z"``
+    (attention output per query head, concatenated), ``"resid"`` (residual stream after the block), ``"resid_pre"``
+    (before it; at layer 0 the embedding output) and ``"attn_entropy"`` (entropy in bits of each query head's attention row); negative layers
     count from the end. ``at``: ``"final"`` (the final token of each prompt or sequence), ``"queries"`` (a batch's
     ``query_pos``, rows sequence-major) or ``"all"`` (every position, rows sequence-major).
 
@@ -545,3 +548,33 @@ def read(
     if at != "final":  # the positions of a sequence are not independent: it is the unit
         acts.with_groups(np.repeat(np.arange(len(lengths)), lengths))
     return acts
+
+
+@torch.no_grad()
+def patterns(model, input_ids: torch.Tensor, layers: Iterable[int] | None = None, *,
+             batch_size: int | None = None) -> list[torch.Tensor]:
+    """Attention patterns ``hook_pattern`` [n, heads, T, T] (rows: query positions), float32 on the CPU, one per
+    layer in ``layers`` (None: every layer; negative ones count from the end), of equal-length token sequences
+    ``input_ids`` [n, T], in chunks of ``batch_size`` sequences (None: about ``TOKENS_PER_BATCH`` tokens)."""
+    n_layers = model.cfg.n_layers
+    layers = [layer_index(layer, n_layers) for layer in (range(n_layers) if layers is None else layers)]
+    ids = torch.as_tensor(input_ids)
+    n, T = ids.shape
+    size = batch_size or max(1, TOKENS_PER_BATCH // T)
+    device = next(model.parameters()).device
+    current: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(layer: int) -> Callable:
+        def hook(act: torch.Tensor, hook) -> None:
+            current[("pattern", layer)] = act.detach().to("cpu", torch.float32)
+        return hook
+
+    parts: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    for start in range(0, n, size):
+        check_stop()
+        with model.hooks(fwd_hooks=[(act_name("pattern", layer), keep(layer)) for layer in layers]):
+            model(ids[start:start + size].to(device))
+        for (_, layer), t in checked(current, range(start, min(n, start + size))).items():
+            parts[layer].append(t)
+        current.clear()
+    return [torch.cat(parts[layer]) for layer in layers]

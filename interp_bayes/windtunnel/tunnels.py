@@ -41,6 +41,13 @@ def checkpoint_folder(name: str | os.PathLike) -> Path:
     return PACKAGED / name if isinstance(name, str) and (PACKAGED / name).is_dir() else Path(name)
 
 
+def saved_checkpoints(folder: str | os.PathLike) -> dict[int, Path]:
+    """The checkpoints a training run saved on its way (``RUN/checkpoints/step_NNNNNN``, ``train.py``), by step in
+    order of step; {} when it saved none."""
+    saved = (checkpoint_folder(folder) / "checkpoints").glob("step_*")
+    return dict(sorted((int(f.name.split("_")[1]), f) for f in saved if f.is_dir()))
+
+
 def read_meta(folder: str | os.PathLike) -> dict | None:
     """A wind-tunnel folder's windtunnel.json (its ``config`` naming a task), None when the folder holds none (no
     file, unreadable, or no task named): the one reader of that file."""

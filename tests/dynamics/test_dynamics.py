@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -222,11 +223,15 @@ def test_low_entropy_separation():
 SHARPNESS = torch.arange(8.0)[:, None] * torch.arange(5.0) / 2  # [T, 5] logits of a posterior sharpening with position
 
 
-class FakeHooked:
-    """A stand-in for a hooked model whose frame is fixed by step 100 and whose values align slowly (step 800)."""
+class FakeHooked(torch.nn.Module):
+    """A stand-in for a hooked model whose frame is fixed by step 100 and whose values align slowly (step 800): its
+    forward runs the hooks ``model.read`` registers (``hooks``) on the activations below."""
 
     def __init__(self, step: int, n_layers: int = 2, heads: int = 2, T: int = 8, n_hyp: int = 5) -> None:
-        self.cfg = SimpleNamespace(n_layers=n_layers)
+        super().__init__()
+        self.cfg = SimpleNamespace(n_layers=n_layers, n_heads=heads, n_key_value_heads=heads, d_head=8, n_ctx=T)
+        self.hook_dict, self.fwd_hooks = {}, []
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # the device and dtype ``read`` asks the parameters for
         self.frame, self.precision = min(step / 100, 1.0), min(step / 800, 1.0)
         self.heads, self.T, self.n_hyp = heads, T, n_hyp
         gen = torch.Generator().manual_seed(0)
@@ -234,7 +239,7 @@ class FakeHooked:
         self.key_base = torch.randn(n_hyp, heads, 8, generator=gen)
         self.noise = torch.randn(64, T, 1, 6, generator=gen)
 
-    def run_with_cache(self, ids, names_filter=None):
+    def activations(self, ids):
         n, T = ids.shape
         cache = {}
         if T == 1:  # hypothesis tokens alone: keys become orthogonal in head 1 as the frame forms
@@ -253,6 +258,20 @@ class FakeHooked:
         logits = torch.zeros(n, T, 10)
         logits[..., 5:] = self.precision * SHARPNESS[:T]  # reaches the posterior of the test at step 800
         return logits, cache
+
+    @contextmanager
+    def hooks(self, fwd_hooks=()):
+        self.fwd_hooks = list(fwd_hooks)
+        try:
+            yield self
+        finally:
+            self.fwd_hooks = []
+
+    def forward(self, ids, logits_to_keep: int = 0, use_cache: bool = False):
+        logits, cache = self.activations(ids)
+        for name, hook in self.fwd_hooks:
+            hook(cache[name], hook=None)
+        return logits[:, -logits_to_keep:] if logits_to_keep else logits
 
 
 def test_frame_precision_from_checkpoints_finds_the_dissociation(tmp_path):

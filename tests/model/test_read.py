@@ -1,7 +1,7 @@
-"""The one activation reader, ``model.read.read``: the functions that became calls of it give what their own hooks
-gave (the former hook code is kept here as the reference, and the same arithmetic runs, so outputs are equal bit
-for bit), its rows at positions, its refusals, and ``Context.activations`` caching a wind tunnel's readings by
-identity."""
+"""The one activation reader, ``model.read.read`` (and ``patterns``): the functions that became calls of it give what
+their own hooks gave (the former hook code is kept here as the reference, and the same arithmetic runs, so outputs
+are equal bit for bit), its rows at positions, its refusals, and ``Context.activations`` caching a wind tunnel's
+readings by identity."""
 
 import math
 
@@ -86,6 +86,80 @@ def former_kalman_readings(bridge, batch, readout_ids, state_dim, layers, readin
         _, chol = gaussian_head(logits[:, qpos][..., readout_ids].double().cpu(), state_dim)
         cov.append(chol @ chol.mT)
     return {key: torch.cat(chunks) for key, chunks in parts.items()}, torch.cat(cov)
+
+
+@torch.no_grad()
+def former_take_snapshot(model, batch, hypothesis_ids):
+    """``dynamics.frames.take_snapshot``'s two ``run_with_cache`` passes, as they were."""
+    n_layers = model.cfg.n_layers
+    hyp = torch.as_tensor(list(hypothesis_ids))
+    keep = lambda name: name.endswith(("hook_pattern", "hook_v", "hook_k"))  # noqa: E731
+    logits, cache = model.run_with_cache(batch.input_ids, names_filter=keep)
+    _, key_cache = model.run_with_cache(hyp[:, None], names_filter=keep)
+    log_p = torch.log_softmax(logits[:, batch.query_pos][..., hyp].double(), -1)
+    values = cache[f"blocks.{n_layers - 1}.attn.hook_v"][:, batch.query_pos]
+    return dict(patterns=[cache[f"blocks.{layer}.attn.hook_pattern"].double() for layer in range(n_layers)],
+                layer0_keys=key_cache["blocks.0.attn.hook_k"][:, 0].double(),
+                values=values.flatten(2).flatten(0, 1).double(), log_p=log_p,
+                groups=np.repeat(np.arange(values.shape[0]), values.shape[1]))
+
+
+def former_model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_size=None):
+    """``analyses.causal.model_site`` with its own value-vector hook, as it was."""
+    from interp_bayes.analyses.causal import Site
+    from interp_bayes.model.prefix import capture_residuals, replay_prefix
+    from interp_bayes.model.read import final_position_tail
+
+    token_ids = tokenize(model, prompts)
+    device = next(model.parameters()).device
+    labels = torch.tensor(list(label_tokens), device=device)
+    start = layer + 1 if reading == "resid" else layer  # the first block an edit at the site changes
+    batches = [np.asarray(b) for b in length_batches(token_ids, batch_size)]
+    where = {}  # row -> (batch, position in it)
+    captured, h = [], torch.empty(len(token_ids), 0)
+    v_hook = reading_hook("v", layer)
+    for j, rows in enumerate(batches):
+        ids = torch.tensor([token_ids[i] for i in rows], device=device)
+        kept = {}
+
+        def keep(act, hook):
+            kept["v"] = act[:, -1].reshape(act.shape[0], -1).detach()
+
+        with torch.no_grad(), capture_residuals(model, [start]) as store, \
+                model.hooks(fwd_hooks=[(v_hook, keep)] if reading == "v" else []):
+            final_logits(model, ids)
+        res = store.get(start)
+        captured.append(res)
+        vec = kept["v"] if reading == "v" else (res[0] if isinstance(res, tuple) else res)[:, -1]
+        if h.shape[1] == 0:
+            h = torch.empty(len(token_ids), vec.shape[1])
+        h[torch.as_tensor(rows)] = vec.float().cpu()
+        for p, i in enumerate(rows.tolist()):
+            where[i] = (j, p)
+
+    def run(base: np.ndarray, new: torch.Tensor) -> torch.Tensor:
+        j = where[int(base[0])][0]
+        pos = torch.tensor([where[int(i)][1] for i in base])
+        copies = new.shape[0] // len(base)
+        ids = torch.tensor([token_ids[i] for i in base], device=device).repeat(copies, 1)
+        res = captured[j]
+        hidden = res[0] if isinstance(res, tuple) else res
+        if res is not None:
+            hidden = hidden[pos.to(hidden.device)].repeat(copies, *([1] * (hidden.dim() - 1)))
+        new = new.to(device)
+        hooks = final_position_tail(model)
+        if reading == "resid":
+            hidden = torch.cat([hidden[:, :-1], new[:, None].to(hidden.dtype)], 1)
+        else:
+            def swap(act, hook):
+                return torch.cat([act[:, :-1], new.reshape(act.shape[0], 1, *act.shape[2:]).to(act.dtype)], 1)
+            hooks = [(v_hook, swap)] + hooks
+        replay = None if res is None else ((hidden, *res[1:]) if isinstance(res, tuple) else hidden)
+        with replay_prefix(model, start, replay), model.hooks(fwd_hooks=hooks):
+            logits = final_logits(model, ids)
+        return torch.log_softmax(logits.float()[:, labels], dim=-1).cpu()
+
+    return Site(h, run, batches)
 
 
 # --- each move: equal outputs ---------------------------------------------------------------------------------------
@@ -241,3 +315,38 @@ def test_context_caches_a_tunnels_readings_by_identity(tmp_path, monkeypatch):
 
     key = content_key(tunnel.identity, None, prompt_digest(prompts), [1], ["v"], None, __version__)
     assert ctx.acts_path("final", prompts, layers=[1], readings=("v",), subject=tunnel).name == f"final-{key}"
+
+
+@pytest.mark.parametrize("name", ["bijection-cpu", "hmm-sticky-cpu"])
+def test_frame_snapshot_equals_the_former_run_with_cache(name):
+    """``dynamics.frames.take_snapshot`` reads through ``read`` and ``patterns``: every field as before, bit for bit."""
+    from interp_bayes.dynamics.frames import take_snapshot
+    from interp_bayes.stats.info import entropy_of_log_probs
+
+    tunnel = open_tunnel(name)
+    batch = tunnel.task.sample(6, seed=3)
+    new = take_snapshot(tunnel.model, batch, tunnel.task.hypothesis_ids)
+    old = former_take_snapshot(tunnel.model, batch, tunnel.task.hypothesis_ids)
+    assert len(new.patterns) == len(old["patterns"]) == tunnel.model.cfg.n_layers
+    assert all(torch.equal(a, b) for a, b in zip(new.patterns, old["patterns"], strict=True))
+    assert torch.equal(new.layer0_keys, old["layer0_keys"]) and torch.equal(new.values, old["values"])
+    assert torch.equal(new.model_entropy, entropy_of_log_probs(old["log_p"]).flatten())
+    assert np.array_equal(new.groups, old["groups"])
+
+
+@pytest.mark.parametrize("reading", ["v", "resid"])
+def test_causal_site_equals_the_former_value_hook(tiny, reading):
+    """``analyses.causal.model_site``'s clean pass reads the value vectors through ``read``: the site's vectors, its
+    clean log-probabilities and an interchange at every layer equal the former hook's, bit for bit."""
+    from interp_bayes.analyses.causal import model_site
+
+    bridge, _, _ = tiny
+    labels = [5, 6, 7]
+    for layer in range(bridge.cfg.n_layers):
+        new, old = (f(bridge, PROMPTS, layer, reading, labels, batch_size=3) for f in (model_site, former_model_site))
+        assert torch.equal(new.h, old.h) and [b.tolist() for b in new.batches] == [b.tolist() for b in old.batches]
+        assert torch.equal(new.clean_logp(), old.clean_logp())
+        base = new.batches[0]
+        swapped = old.h[base].flip(0)  # each base prompt given another's vector
+        with torch.no_grad():
+            assert torch.equal(new.run(base, swapped), old.run(base, swapped))
