@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models of every family (saved as real HF folders) and the offline SmolLM2."""
 
 import os
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from interp_bayes.model.testing import TINY_FAMILIES, make_tiny_model
+
+FIXTURES = Path(__file__).resolve().parent / "data"  # the fixtures every test folder reads
 
 torch.set_num_threads(1)  # two shared cores: keep tests from fighting over them
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import interp_bayes
+from conftest import FIXTURES
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "moved_rows.json"
+DATA = FIXTURES / "moved_rows.json"
 CHECKPOINTS = Path(interp_bayes.__file__).resolve().parent / "windtunnel" / "checkpoints"
 PATH_KEYS = ("folder", "run")  # where the checkpoint sat: not a number
 

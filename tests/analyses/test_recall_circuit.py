@@ -19,8 +19,9 @@ from interp_bayes.kinds.recall_circuit import RecallCircuitParams, run, summary
 from interp_bayes.model.read import patterns
 from interp_bayes.tasks.recall import RecallTask
 from interp_bayes.windtunnel.tunnels import PACKAGED, open_tunnel
+from conftest import FIXTURES
 
-BEFORE = Path(__file__).resolve().parent / "data" / "recall_circuit_rows.json"
+BEFORE = FIXTURES / "recall_circuit_rows.json"
 
 
 def planted(task: RecallTask, n: int = 40, seed: int = 3, misbind: int = 0):

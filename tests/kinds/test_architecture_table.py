@@ -14,7 +14,6 @@ number by number (``tests.analyses.test_moved_rows.differences``: relative 1e-6)
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +25,9 @@ from interp_bayes.windtunnel.configs import make_config
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.windtunnel.train import train_main
 from tests.analyses.test_moved_rows import differences
+from conftest import FIXTURES
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "architectures_rows.json"
+DATA = FIXTURES / "architectures_rows.json"
 
 
 def old_rows(rows) -> list[dict]:

@@ -13,14 +13,14 @@ relative 1e-6, verdicts exactly)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.analyses.test_moved_rows import differences, plain
+from conftest import FIXTURES
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "tunnel_kinds_rows.json"
+DATA = FIXTURES / "tunnel_kinds_rows.json"
 
 
 @pytest.fixture(scope="module")
