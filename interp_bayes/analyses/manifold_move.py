@@ -23,8 +23,9 @@ through 0; ``spread_error``: |achieved - intended|) and the side effects (``mean
 the shifts; ``donor_mean_mismatch``: |m_j - m_i|; ``kl_bits`` on other tokens where the readout gives it); and how far each edited state lies from the nearest
 real state of its stratum, in units of the real states' median nearest-neighbour distance (0 for the manifold move).
 
-``kalman_move`` runs it on the Kalman tunnel and returns its rows (the kind ``manifold_move``); ``token_readout`` gives the readout for a token model (the Gaussian
-in-context task), with the predicted mean and spread computed by the caller from the next-token log-probabilities.
+``kalman_move`` runs it on the Kalman tunnel and returns its rows (the kind ``manifold_move``); ``token_readout``
+gives the readout for a token model (the Gaussian in-context task), with the predicted mean and spread computed by
+the caller from the next-token log-probabilities.
 """
 
 from __future__ import annotations

@@ -158,10 +158,10 @@ def cut_verdicts(row: Row, tol: float) -> tuple[str, str]:
 
 def ablation_rows(summary: list[dict], label: str | int, n: int) -> list[Row]:
     """Rows of ``subspaces.ablation_costs``'s summary at the reading ``label``, scored on ``n`` sequences: per
-    (subspace, op, measure: ``kl_bits`` or ``mae_bits``) the edit's cost ``<op>_<measure>`` with its paired bootstrap interval and
-    the matched controls' range as its null; each control family's mean cost (its 95% range as the interval), the
-    p-value of the cost against its draws as drawn and the share of them at or below it; the matched subspaces'
-    variance ratio once per subspace."""
+    (subspace, op, measure: ``kl_bits`` or ``mae_bits``) the edit's cost ``<op>_<measure>`` with its paired
+    bootstrap interval and the matched controls' range as its null; each control family's mean cost (its 95% range
+    as the interval), the p-value of the cost against its draws as drawn and the share of them at or below it; the
+    matched subspaces' variance ratio once per subspace."""
     out, ratios = [], set()
     for s in summary:
         scope, metric = dict(layer=label, subspace=s["subspace"], k=s["k"]), f"{s['op']}_{s['metric']}"
