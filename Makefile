@@ -91,8 +91,8 @@ train-paper: $(STAMP)
 	  for arch in $(PAPER_ARCHS); do out=$(WT_OUT)/$$3$$([ $$arch = transformer ] || echo -$$arch); \
 	    echo "train $$1 --preset $$2 --arch $$arch -> $$out"; \
 	    $(TRAIN) $$1 --preset $$2 --arch $$arch --device $(DEVICE) --out $$out $(ARGS); done; done
-	$(PY) examples/windtunnel_analyses.py --out $(WT_OUT)/analyses --checkpoints $(WT_OUT)/bijection-paper \
-	  $(WT_OUT)/hmm-paper $(WT_OUT)/hmm-sticky-paper
+	@set -e; for t in bijection-paper hmm-paper hmm-sticky-paper; do \
+	  $(VENV)/bin/interp-bayes sweep --out $(WT_OUT)/subspaces-$$t --probes subspaces --set subspaces.tunnel=$(WT_OUT)/$$t; done
 	$(VENV)/bin/interp-bayes sweep --out $(WT_OUT)/architectures --probes architectures --set \
 	  architectures.committed=false "architectures.folders=[$$(dirname $(WT_OUT)/*/windtunnel.json | paste -sd, -)]"
 

@@ -425,6 +425,10 @@ def _bad_commands(model: Path, run: Path, d: Path) -> dict:
                                    "p4b.tunnel=hmm-cpu"]),
         "tunnel_geometry n -1": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes", "tunnel_geometry_hmm",
                                       "--set", "tunnel_geometry_hmm.n=-1"]),
+        "subspaces ops shift": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes", "subspaces", "--set",
+                                     "subspaces.ops=[cut,shift]"]),
+        "manifold_move tunnel a bijection": ({}, ["sweep", "--model", model, "--out", d / "out", "--probes",
+                                                  "manifold_move", "--set", "manifold_move.tunnel=bijection-cpu"]),
     }
 
 

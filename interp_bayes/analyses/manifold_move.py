@@ -23,8 +23,9 @@ through 0; ``spread_error``: |achieved - intended|) and the side effects (``mean
 the shifts; ``donor_mean_mismatch``: |m_j - m_i|; ``kl_bits`` on other tokens where the readout gives it); and how far each edited state lies from the nearest
 real state of its stratum, in units of the real states' median nearest-neighbour distance (0 for the manifold move).
 
-``kalman_move`` runs it on the Kalman tunnel; ``token_readout`` gives the readout for a token model (the Gaussian
-in-context task), with the predicted mean and spread computed by the caller from the next-token log-probabilities.
+``kalman_move`` runs it on the Kalman tunnel and returns its rows (the kind ``manifold_move``); ``token_readout``
+gives the readout for a token model (the Gaussian in-context task), with the predicted mean and spread computed by
+the caller from the next-token log-probabilities.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from ..core.errors import ConfigError
+from ..core.results import Row
 from ..model.hooks import reading_hook
 from ..model.read import Sequences, read, tokenize
 from ..stats import as_float64, bootstrap_means, fit_ridge, info, interval
@@ -180,12 +182,28 @@ def spread_of(cov: torch.Tensor) -> torch.Tensor:
     return 0.5 * torch.linalg.slogdet(cov).logabsdet / cov.shape[-1]
 
 
+UNITS = dict(spread_change="ln sd", spread_error="ln sd", spread_gain="ratio", intended_abs_change="ln sd",
+             mean_change="state", mean_error="state", donor_mean_mismatch="state", off_manifold="nn distances",
+             kl_bits="bits")
+
+
+def move_rows(out: dict, scope: dict) -> list[Row]:
+    """Rows of ``manifold_move``'s output: one per (op, measure) with its interval (a bootstrap over the moved rows'
+    groups, or the random draws' range), then the spread probe's held-out R² and gain; ``scope`` is in every row."""
+    rows = [Row(r["measure"], r["value"], UNITS[r["measure"]], dict(scope, op=r["op"]), r["low"], r["high"],
+                r["interval"], n=r["n"]) for r in out["rows"]]
+    return rows + [Row("probe_r2_eval", float(out["probe_r2_eval"]), "R²", dict(scope), n=out["n_eval"],
+                       note="the spread probe (fitted on the fit rows) on the evaluation rows"),
+                   Row("probe_gain", float(out["probe_gain"]), "ln sd per unit", dict(scope), n=out["n_fit"],
+                       note="decoded spread per unit step along the probe's direction")]
+
+
 def kalman_move(bridge, task, *, layer: int, n_sequences: int = 200, seed: int = 2024, delta: float = 1.0,
-                n_random: int = 10, split_seed: int = 0) -> dict:
-    """``manifold_move`` on a Kalman tunnel: the states are the residual stream after block ``layer`` at every
-    observation step, the stratum is the step, the exact spread and mean are the filter's (``kalman_readings``),
-    and the readout reruns each sequence with the state written at its step and reads the Gaussian head there.
-    Fit and evaluation halves hold whole sequences."""
+                n_random: int = 10, split_seed: int = 0) -> list[Row]:
+    """``manifold_move`` on a Kalman tunnel, as ``move_rows`` scoped by ``layer``: the states are the residual stream
+    after block ``layer`` at every observation step, the stratum is the step, the exact spread and mean are the
+    filter's (``kalman_readings``), and the readout reruns each sequence with the state written at its step and reads
+    the Gaussian head there. Fit and evaluation halves hold whole sequences."""
     from ..windtunnel.kalman import gaussian_head, kalman_readings
 
     acts, cols = kalman_readings(bridge, task, n_sequences, seed=seed, layers=[layer], readings=("resid",))
@@ -193,7 +211,7 @@ def kalman_move(bridge, task, *, layer: int, n_sequences: int = 200, seed: int =
     batch = task.sample(n_sequences, seed=seed)  # the same draws as kalman_readings
     exact_spread = as_float64(spread_of(batch.cov)).reshape(-1)
     exact_mean = as_float64(batch.mean).reshape(len(states), -1)
-    K, qpos = len(batch.query_pos), batch.query_pos
+    qpos = batch.query_pos
     seq, step = cols["sequence"].astype(int), cols["k"].astype(int) - 1
     ids = np.random.default_rng(split_seed).permutation(n_sequences)
     fit_seq = set(ids[: n_sequences // 2].tolist())
@@ -225,8 +243,7 @@ def kalman_move(bridge, task, *, layer: int, n_sequences: int = 200, seed: int =
 
     out = manifold_move(states, exact_spread, exact_mean, readout, fit_idx=fit_idx, eval_idx=eval_idx, groups=seq,
                         strata=step, delta=delta, n_random=n_random, seed=seed)
-    out.update(layer=layer, n_sequences=n_sequences, steps=K)
-    return out
+    return move_rows(out, dict(layer=layer))
 
 
 def token_readout(model, prompts: list, layer: int, summarize: Callable[[torch.Tensor], tuple], *,

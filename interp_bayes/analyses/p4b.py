@@ -156,15 +156,15 @@ def cut_verdicts(row: Row, tol: float) -> tuple[str, str]:
     return ablation_verdicts(row.value, matched, tol)
 
 
-def ablation_rows(summary: list[dict], label: str, n: int) -> list[Row]:
+def ablation_rows(summary: list[dict], label: str | int, n: int) -> list[Row]:
     """Rows of ``subspaces.ablation_costs``'s summary at the reading ``label``, scored on ``n`` sequences: per
-    (subspace, measure: ``kl_bits`` or ``mae_bits``) the cut's cost ``cut_<measure>`` with its paired bootstrap
-    interval and the matched controls' range as its null; each control family's mean cost (its 95% range as the
-    interval), the p-value of the cost against its draws as drawn and the share of them at or below it; the
+    (subspace, op, measure: ``kl_bits`` or ``mae_bits``) the edit's cost ``<op>_<measure>`` with its paired
+    bootstrap interval and the matched controls' range as its null; each control family's mean cost (its 95% range
+    as the interval), the p-value of the cost against its draws as drawn and the share of them at or below it; the
     matched subspaces' variance ratio once per subspace."""
-    out = []
+    out, ratios = [], set()
     for s in summary:
-        scope, metric = dict(layer=label, subspace=s["subspace"], k=s["k"]), f"cut_{s['metric']}"
+        scope, metric = dict(layer=label, subspace=s["subspace"], k=s["k"]), f"{s['op']}_{s['metric']}"
         matched = s.get("matched_range") or (None, None)
         out.append(Row(metric, s["true_cost"], "bits", dict(scope), *s["true_cost_ci"], "paired bootstrap 95%",
                        *matched, f"matched random subspaces ({s.get('matched_n', 0)} draws)", n))
@@ -175,10 +175,11 @@ def ablation_rows(summary: list[dict], label: str, n: int) -> list[Row]:
                             n=draws),
                         Row(f"{metric}_p", s[f"{fam}_p"], "p", at, n=draws, note="two-sided, against the draws"),
                         Row(f"{metric}_percentile", s[f"{fam}_percentile"], "share", at, n=draws,
-                            note="share of the draws at or below the cut's cost")]
-        if s["metric"] == "kl_bits" and "matched_variance_ratio_mean" in s:
+                            note="share of the draws at or below the edit's cost")]
+        if s["metric"] == "kl_bits" and "matched_variance_ratio_mean" in s and s["subspace"] not in ratios:
+            ratios.add(s["subspace"])  # every op of a subspace edits the same matched draws
             out.append(Row("matched_variance_ratio", s["matched_variance_ratio_mean"], "ratio", dict(scope),
-                           n=s["matched_n"], note="the matched subspaces' variance over the cut subspace's, mean"))
+                           n=s["matched_n"], note="the matched subspaces' variance over the edited subspace's, mean"))
     return out
 
 

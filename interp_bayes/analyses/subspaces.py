@@ -28,8 +28,7 @@ the same sequences, with a paired bootstrap interval over sequences.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -40,11 +39,13 @@ from ..stats import fit_ridge, interval, p_value, percentile_of
 from ..stats import info
 from ..core.errors import ConfigError
 from ..core.layers import layer_index
+from ..core.results import Row
 from ..core.stop import check_stop
 from ..stats import as_float64
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
 from .controls import isotropic_subspaces, matched_subspaces
+from .p4b import ablation_rows
 from ..tasks.base import TaskBatch
 from ..windtunnel.discrete import paired_margin, restricted_log_probs
 
@@ -90,38 +91,15 @@ def sequence_losses(logp: torch.Tensor, posterior: torch.Tensor) -> tuple[np.nda
     return err, info.kl_from_probs(posterior, logp)
 
 
-@dataclass
-class SubspaceAblationResult:
-    """``rows``: one per (layer, subspace, op, kind, draw) with its MAE and KL and their cost over the unedited
-    model; ``summary``: per (layer, subspace, op, metric) the true subspace's cost with its interval beside each
-    control family's mean, 95% range and the true cost's percentile among them; ``meta``: the settings."""
-
-    rows: list[dict]
-    summary: list[dict]
-    meta: dict
-
-    def table(self):
-        import pandas as pd
-
-        return pd.DataFrame(self.summary)
-
-
-def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] | None = None,
-                      ops: tuple[str, ...] = ("cut", "only"), n_fit: int = 400, n_eval: int = 300,
-                      n_isotropic: int = 10, n_matched: int = 10, seed: int = 2024,
-                      progress: bool = True) -> SubspaceAblationResult:
-    """Cut / keep-only each subspace of ``fit_subspaces`` at ``site`` of each layer of a trained wind-tunnel folder,
-    against equal-dimension isotropic and variance-matched random subspaces (see the module docstring)."""
-    from ..core.progress import progress_bar
-
-    from ..windtunnel.tunnels import open_tunnel
-
+def subspace_rows(model, task, *, site: str = "v", layers: list[int] | None = None,
+                  ops: tuple[str, ...] = ("cut", "only"), n_fit: int = 400, n_eval: int = 300,
+                  n_isotropic: int = 10, n_matched: int = 10, seed: int = 2024) -> tuple[list[Row], list[dict]]:
+    """(rows, draws): cut / keep-only each subspace of ``fit_subspaces`` at ``site`` of each layer of a wind-tunnel
+    ``model`` on its ``task``, against equal-dimension isotropic and variance-matched random subspaces (see the module
+    docstring). Rows: the unedited model's losses, then ``ablation_rows`` per layer; draws: one dict per edited run."""
     unknown = set(ops) - set(OPS)
     if unknown:
         raise ConfigError(f"Unknown subspace edit(s) {sorted(unknown)}; choose from {', '.join(OPS)}.")
-    folder = Path(folder)
-    tunnel = open_tunnel(folder)
-    task, model = tunnel.task, tunnel.model
     layers = list(range(model.cfg.n_layers)) if layers is None else [layer_index(x, model.cfg.n_layers) for x in layers]
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H = task.hypothesis_ids, len(task.hypothesis_ids)
@@ -133,31 +111,25 @@ def subspace_ablation(folder: str | Path, *, site: str = "v", layers: list[int] 
             return sequence_losses(restricted_log_probs(model, ev, hyp).cpu(), ev.posterior)
 
     base_err, base_kl = run()
-    rows, summary = [], []
-    bases, x_every = {}, {}
+    rows = [Row("unedited_kl_bits", float(base_kl.mean()), "bits", dict(site=site), n=n_eval,
+                note="KL(exact posterior || model), the unedited model"),
+            Row("unedited_mae_bits", float(base_err.mean()), "bits", dict(site=site), n=n_eval,
+                note="|H(model) - H(exact posterior)|, the unedited model")]
+    draws = []
     for layer in layers:
-        x_every[layer], tokens = every_position(model, fit, layer, site)
-        bases[layer] = fit_subspaces(as_float64(x_fit[layer]), post_fit, x_every[layer], tokens, hyp)
-    total = sum(len(b) for b in bases.values()) * len(ops) * (1 + n_isotropic + n_matched)
-    bar = progress_bar(total=total, desc=f"subspaces {task.name}", disable=not progress)
-    for layer, named in bases.items():
-        got_rows, got_summary = ablation_costs(lambda op, layer=layer: run({layer: op}), x_every[layer], named,
-                                               (base_err, base_kl), layer=layer, ops=ops, n_isotropic=n_isotropic,
-                                               n_matched=n_matched, seed=seed,
-                                               scope=dict(task=task.name, site=site), bar=bar)
-        rows += got_rows
-        summary += got_summary
-    bar.close()
-    meta = dict(folder=str(folder), task=task.name, task_kwargs=tunnel.config.task_kwargs, site=site, layers=layers,
-                ops=list(ops),
-                n_fit=n_fit, n_eval=n_eval, n_isotropic=n_isotropic, n_matched=n_matched, seed=seed,
-                base=dict(mae_bits=float(base_err.mean()), kl_bits=float(base_kl.mean())))
-    return SubspaceAblationResult(rows, summary, meta)
+        x_every, tokens = every_position(model, fit, layer, site)
+        named = fit_subspaces(as_float64(x_fit[layer]), post_fit, x_every, tokens, hyp)
+        got, summary = ablation_costs(lambda op, layer=layer: run({layer: op}), x_every, named, (base_err, base_kl),
+                                      layer=layer, ops=ops, n_isotropic=n_isotropic, n_matched=n_matched, seed=seed,
+                                      scope=dict(task=task.name, site=site))
+        draws += got
+        rows += [replace(r, scope=r.scope | dict(site=site)) for r in ablation_rows(summary, layer, n_eval)]
+    return rows, draws
 
 
 def ablation_costs(run, values: np.ndarray, named: dict[str, np.ndarray], base_losses, *, layer: int,
                    ops: tuple[str, ...] = ("cut",), n_isotropic: int = 10, n_matched: int = 10, seed: int = 2024,
-                   scope: dict | None = None, bar=None) -> tuple[list[dict], list[dict]]:
+                   scope: dict | None = None) -> tuple[list[dict], list[dict]]:
     """(rows, summary) of cutting / keeping only each basis of ``named`` (name -> [k, dim]) at one layer, beside
     ``n_isotropic`` isotropic and ``n_matched`` variance-matched (over ``values`` [n, dim], the activations the edit
     acts on) random subspaces of the same dimension. ``run(op)`` scores the model with the operator ``op`` applied
@@ -181,8 +153,6 @@ def ablation_costs(run, values: np.ndarray, named: dict[str, np.ndarray], base_l
                                      kind=kind, draw=draw, variance_ratio=float(ratio), mae_bits=float(err.mean()),
                                      kl_bits=float(kl.mean()), cost_mae_bits=float(err.mean() - base_err.mean()),
                                      cost_kl_bits=float(kl.mean() - base_kl.mean())))
-                    if bar is not None:
-                        bar.update(1)
             summary += summarise_costs(rows, layer, name, op, true_losses, base_losses, seed=seed)
     return rows, summary
 

@@ -28,7 +28,7 @@ from .plugin import Kind
 BUILTIN = ("manifold", "keys", "focusing", "icl", "axis", "interventions", "windtunnel", "entropy_neurons",
            "martingale", "decoding", "gaussian", "causal_subspace", "p4b", "tunnel_geometry",
            "belief",
-           "architectures", "recall_circuit")
+           "architectures", "recall_circuit", "subspaces", "manifold_move")
 _MODULES = {"entropy_neurons": "neurons"}  # kinds whose module is named otherwise
 GROUP = "interp_bayes.kinds"  # the entry-point group of installed plugin kinds
 _PLUGIN_PREFIX = "interp_bayes_plugin_"  # module names of .py files imported by path

@@ -42,20 +42,14 @@ def plain(x):
 
 
 def compute() -> dict:
-    """The subspace ablation (the transformer) and the frame curves, at small settings; only the API that exists
-    before and after the move. (P4b, the tunnel geometry and the belief probes, the fixture's ``p4b``, ``geometry``
-    and ``belief``, became kinds: ``tests/kinds/test_tunnel_kinds.py`` compares their rows with the functions' outputs
-    before that move.)"""
-    from interp_bayes.analyses.subspaces import subspace_ablation
+    """The frame curves, at small settings; only the API that exists before and after the move. (P4b, the tunnel
+    geometry, the belief probes and the subspace ablation, the fixture's ``p4b``, ``geometry``, ``belief`` and
+    ``subspaces``, became kinds: ``tests/kinds/test_tunnel_kinds.py`` and ``tests/kinds/test_subspace_kinds.py``
+    compare their rows with the functions' outputs before that move.)"""
     from interp_bayes.dynamics.frames import frame_precision_run
 
     torch.set_num_threads(1)
-    out = {}
-    r = subspace_ablation(CHECKPOINTS / "bijection-cpu", layers=[0], n_fit=16, n_eval=8, n_isotropic=1, n_matched=1,
-                          progress=False)
-    out["subspaces"] = dict(rows=r.rows, summary=r.summary)
-    out["frames"] = frame_precision_run(CHECKPOINTS / "bijection-cpu", n_eval=10)
-    return plain(out)
+    return plain({"frames": frame_precision_run(CHECKPOINTS / "bijection-cpu", n_eval=10)})
 
 
 def differences(before, after, path: str = "") -> list[str]:
@@ -77,7 +71,7 @@ def differences(before, after, path: str = "") -> list[str]:
 def test_moved_experiments_give_the_rows_they_gave_before():
     before, after = json.loads(DATA.read_text()), compute()
     assert set(before) == {"p4b", "geometry", "subspaces", "belief", "frames"} and set(after) == set(before) - {
-        "p4b", "geometry", "belief"}
+        "p4b", "geometry", "belief", "subspaces"}
     diff = differences({k: before[k] for k in after}, after)
     assert not diff, f"{len(diff)} numbers moved, e.g. {diff[:5]}"
 

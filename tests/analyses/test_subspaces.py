@@ -10,7 +10,7 @@ from interp_bayes.model.edits import AxisCut, intervene
 from interp_bayes.model.loading import load_model
 from interp_bayes.windtunnel.configs import build_transformer, make_config, make_task
 from interp_bayes.windtunnel.discrete import restricted_log_probs
-from interp_bayes.analyses.subspaces import every_position, fit_subspaces, sequence_losses, subspace_ablation
+from interp_bayes.analyses.subspaces import every_position, fit_subspaces, sequence_losses, subspace_rows
 from interp_bayes.windtunnel.train import save_folder
 
 torch.set_num_threads(1)
@@ -44,13 +44,14 @@ def test_fitted_subspaces_have_the_simplex_dimension(tmp_path):
 
 def test_costs_match_a_recomputation_with_the_axis_operator(tmp_path):
     folder, task = saved(tmp_path, "bijection", "tiny", task_kwargs={"n_symbols": 6})
-    res = subspace_ablation(folder, layers=[0], n_fit=30, n_eval=20, n_isotropic=2, n_matched=2, progress=False)
-    true_cut = next(r for r in res.rows if (r["subspace"], r["op"], r["kind"]) == ("entropy-axis", "cut", "true"))
-    # rebuild the evaluation and the axis independently: k = 1 cut is AxisCut of the same direction
     model = load_model(folder)
+    rows, draws = subspace_rows(model, task, layers=[0], n_fit=30, n_eval=20, n_isotropic=2, n_matched=2)
+    true_cut = next(r for r in draws if (r["subspace"], r["op"], r["kind"]) == ("entropy-axis", "cut", "true"))
+    # rebuild the evaluation and the axis independently: k = 1 cut is AxisCut of the same direction
     ev = task.sample(20, seed=[2024, 1])
     base_err, base_kl = sequence_losses(restricted_log_probs(model, ev, task.hypothesis_ids), ev.posterior)
-    assert res.meta["base"]["kl_bits"] == pytest.approx(float(base_kl.mean()), rel=1e-9)
+    assert next(r for r in rows if r.metric == "unedited_kl_bits").value == pytest.approx(float(base_kl.mean()),
+                                                                                          rel=1e-9)
     fit = task.sample(30, seed=[2024, 0])
     x_all, tokens = every_position(model, fit, 0, "v")
     x_query = x_all.reshape(30, -1, 32)[:, fit.query_pos].reshape(-1, 32)
@@ -60,13 +61,17 @@ def test_costs_match_a_recomputation_with_the_axis_operator(tmp_path):
         err, kl = sequence_losses(restricted_log_probs(model, ev, task.hypothesis_ids), ev.posterior)
     assert true_cut["cost_kl_bits"] == pytest.approx(float(kl.mean() - base_kl.mean()), abs=1e-6)
     assert true_cut["cost_mae_bits"] == pytest.approx(float(err.mean() - base_err.mean()), abs=1e-6)
-    # every (subspace, op, metric) has a summary with both control families
-    assert len(res.summary) == 4 * 2 * 2
-    assert all(s["isotropic_n"] == 2 and s["matched_n"] == 2 for s in res.summary)
-    assert all(s["true_cost_ci"][0] <= s["true_cost"] <= s["true_cost_ci"][1] for s in res.summary)
+    cut = next(r for r in rows if r.metric == "cut_kl_bits" and r.scope["subspace"] == "entropy-axis")
+    assert cut.value == pytest.approx(true_cut["cost_kl_bits"]) and cut.scope == dict(layer=0, subspace="entropy-axis",
+                                                                                      k=1, site="v")
+    # every (subspace, op, metric) has a cost row with both control families
+    costs = [r for r in rows if r.metric in ("cut_kl_bits", "cut_mae_bits", "only_kl_bits", "only_mae_bits")]
+    assert len(costs) == 4 * 2 * 2 and all(r.low <= r.value <= r.high for r in costs)
+    controls = [r for r in rows if r.metric.endswith("_controls")]
+    assert len(controls) == 2 * len(costs) and all(r.n == 2 for r in controls)
 
 
 def test_unknown_edit_is_refused(tmp_path):
-    folder, _ = saved(tmp_path, "bijection", "tiny", task_kwargs={"n_symbols": 6})
+    folder, task = saved(tmp_path, "bijection", "tiny", task_kwargs={"n_symbols": 6})
     with pytest.raises(ConfigError, match="shift"):
-        subspace_ablation(folder, ops=("shift",), progress=False)
+        subspace_rows(load_model(folder), task, ops=("shift",))
