@@ -9,6 +9,7 @@ with code 2).
 
 from __future__ import annotations
 
+# torch is imported inside the functions that need it: core is the light bottom layer that every command imports
 import argparse
 import os
 from pathlib import Path

@@ -3,6 +3,7 @@ index here (negative indices count from the end; a layer outside the model is re
 
 from __future__ import annotations
 
+# numpy is imported inside the functions that need it: core is the light bottom layer that every command imports
 import operator
 from typing import Sequence
 

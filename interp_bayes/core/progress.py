@@ -4,6 +4,7 @@ refreshes pile up there as hundreds of lines of half-drawn bars."""
 
 from __future__ import annotations
 
+# tqdm is imported inside the functions that need it: core is the light bottom layer that every command imports
 import sys
 from typing import Any, Iterable
 

@@ -6,7 +6,10 @@ loads the same way.
 
 from __future__ import annotations
 
+# datasets and numpy are imported inside the functions that need them: core is the light bottom layer that every command
+# imports
 import json
+import re
 from pathlib import Path
 
 from .errors import PromptError
@@ -119,8 +122,6 @@ def load_source(spec):
 
 def source_label(spec) -> str:
     """A short file-name-safe label of a prompt source (for activation-set folders)."""
-    import re
-
     name = spec["dataset"] if isinstance(spec, dict) else str(spec)
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).stem or name)[:40]
 

@@ -20,6 +20,7 @@ import re
 import importlib.util
 import sys
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from .errors import ConfigError
@@ -133,8 +134,6 @@ def _import_plugin(module: str) -> None:
 
 def _entry_points() -> dict[str, list]:
     """Entry points of the group by name, read from the installed distributions' metadata (nothing imported)."""
-    from importlib.metadata import entry_points
-
     out: dict[str, list] = {}
     for ep in entry_points(group=GROUP):
         out.setdefault(ep.name, []).append(ep)

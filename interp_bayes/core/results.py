@@ -8,6 +8,7 @@ results RUN`` are views of these rows; nothing else is read to show a number.
 
 from __future__ import annotations
 
+# .store (yaml) is imported inside the function that writes: reading rows does not need it
 import csv
 import io
 import json

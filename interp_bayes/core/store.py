@@ -14,6 +14,8 @@ Layout of a run folder ``<out>/<model slug>/<run key>/``:
 
 from __future__ import annotations
 
+# fcntl is imported inside functions because it exists on POSIX only; torch because core is the light bottom layer that
+# every command imports
 import functools
 import hashlib
 import json

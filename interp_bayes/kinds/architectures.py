@@ -7,6 +7,7 @@ tunnel; a pair with no checkpoint says "not trained" and is never filled from el
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ..windtunnel.evaluate import evaluate_windtunnel
 from ..windtunnel.table import task_entry
 from ..windtunnel.tunnels import PACKAGED, open_tunnel, tunnel_config
 from .windtunnel import DISCRETE_TASKS, tunnel_folder
+from ..core.figures import layout
 
 TUNNELS = ("bijection", "bijection-replacement", "hmm", "hmm-sticky", "recall")  # the table's columns
 # Paper I v3 (issue 27): KL in bits for the bijection and the paper-family HMM, % correct for associative recall
@@ -128,8 +130,6 @@ def figures(probes) -> list[Figure]:
     """Per probe: each checkpoint's margin over its best window filter with its interval, one trace per
     architecture across the tunnels."""
     import plotly.graph_objects as go
-
-    from ..core.figures import layout
 
     out = []
     for pr in probes:

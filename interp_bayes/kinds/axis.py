@@ -4,15 +4,18 @@ with the exact Bayes entropy; each axis is saved in the probe folder (``axes/<me
 
 from __future__ import annotations
 
+# the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
+# kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from .common import SULA_LAYERS, check_folds, deconfounded, deconfounded_text, plan_sula, sula, sula_prompts
 from .icl import TARGETS
+from ..core.figures import layout
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,6 @@ def summary(rows: list[Row], p: AxisParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..core.figures import layout
-
     out = []
     for p in probes:
         fig = go.Figure()
@@ -127,8 +128,6 @@ def _deconfounded_figure(p) -> Figure:
     """Per layer: the held-out projection's correlation with the Bayes entropy, raw and within k, for the plain and
     the conditional PC1 axis, with the within-k permutation null's range."""
     import plotly.graph_objects as go
-
-    from ..core.figures import layout
 
     fig = go.Figure()
     method = (p.params.get("methods") or ["pc1"])[0]
@@ -158,7 +157,6 @@ def _deconfounded_figure(p) -> Figure:
 def ledger(probes) -> list:
     """Per axis method: the held-out projection tracks the Bayes entropy beyond the confounds (last layer)."""
     from ..stats import ledger as L
-    from ..core.plugin import Claim
 
     out = []
     for p in probes:

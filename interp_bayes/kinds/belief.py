@@ -5,17 +5,29 @@ and the part of the exact posterior the window misses (exact minus window; R² o
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
+import torch
 
 from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from .common import check_folds
 from .windtunnel import TunnelParams
+from ..analyses.belief import belief_rows
+from ..core.figures import layout
+from ..model.collect import query_readings
+from ..stats import ledger as L
+from ..stats.ledger import beyond_null
+from ..tasks.filters import window_posterior
+from ..windtunnel.configs import build_transformer
+from ..windtunnel.train import save_folder
+from ..windtunnel.tunnels import open_tunnel
 
 
 @dataclass(frozen=True)
@@ -41,12 +53,6 @@ class BeliefParams(TunnelParams):
 def untrained_like(tunnel, tmp: Path, *, seed: int):
     """A model of ``tunnel``'s architecture with a fresh initialisation (``seed``), saved under ``tmp`` and opened
     as the trained one is."""
-    import torch
-
-    from ..windtunnel.configs import build_transformer
-    from ..windtunnel.train import save_folder
-    from ..windtunnel.tunnels import open_tunnel
-
     torch.manual_seed(seed)
     hf = build_transformer(tunnel.config, tunnel.task).eval()
     save_folder(hf, tunnel.config, tunnel.task, tmp, {"step": 0, "untrained_seed": seed})
@@ -54,13 +60,6 @@ def untrained_like(tunnel, tmp: Path, *, seed: int):
 
 
 def run(ctx, p: BeliefParams) -> Result:
-    import tempfile
-
-    from ..analyses.belief import belief_rows
-    from ..model.collect import query_readings
-    from ..tasks.filters import window_posterior
-    from ..windtunnel.tunnels import open_tunnel
-
     tunnel = open_tunnel(p.tunnel)
     task = tunnel.task
     batch = task.sample(p.n_sequences, seed=p.seed, length=p.length)
@@ -89,8 +88,6 @@ def subject(p: BeliefParams) -> str:
 
 
 def summary(rows: list[Row], p: BeliefParams) -> list[Line]:
-    from ..stats.ledger import beyond_null
-
     out = []
     for r in select(rows, "belief_r2"):
         at = r.scope
@@ -106,8 +103,6 @@ def figures(probes) -> list[Figure]:
     """Per probe: R² per layer of the residual stream for each (weights, target), with its bootstrap interval, and
     the trained model's exact-target shuffled null as a grey band."""
     import plotly.graph_objects as go
-
-    from ..core.figures import layout
 
     out = []
     for pr in probes:
@@ -143,8 +138,6 @@ def plan(ctx, p: BeliefParams) -> list:
 def ledger(probes) -> list:
     """Per probe, at the trained model's last probed residual layer: the exact posterior is linearly readable
     (beyond its shuffled null), and so is the part the window shortcut misses (the model carries more than it)."""
-    from ..stats import ledger as L
-
     out = []
     for pr in probes:
         trained = select(pr.rows, "belief_r2", weights="trained", reading="resid")

@@ -12,17 +12,26 @@ prefixes, at its own layers."""
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
+import torch
 
-from ..core.plugin import Figure, Kind, Line, Result
+from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
-from .common import check_folds, sula_groups, sula_prompts
-from .windtunnel import TunnelParams
+from .common import check_folds, sula_groups, sula_prompts, sula_request, sula_task
+from .windtunnel import TunnelParams, load_windtunnel_task, windtunnel_prompts
+from ..analyses.causal import Training, das_report, model_site
+from ..core.errors import ConfigError
+from ..core.figures import COLOURS, layout
+from ..core.layers import resolve_layers
+from ..stats import ledger as L
+from ..stats.info import entropy_of_log_probs
 
 
 @dataclass(frozen=True)
@@ -45,8 +54,6 @@ class CausalSubspaceParams(TunnelParams):
     n_boot: int = 1000
 
     def check(self, ctx, probe: str) -> None:
-        from ..core.errors import ConfigError
-
         if not self.ds or min(self.ds) < 1:
             raise ConfigError(f"Probe '{probe}' needs subspace dimensions ds of at least 1 (got {list(self.ds)}).")
         if self.tunnel is None:
@@ -68,8 +75,6 @@ def _layers(p: CausalSubspaceParams, resolve) -> list[int]:
 def _sula(ctx, p):
     """(model, prompts, label tokens, columns, exact predictive distribution [n, 2], strata, evidence, groups,
     layers) of the SULA main set."""
-    from .common import sula_request, sula_task
-
     task, _ = sula_task(ctx, p.per_k)
     req = sula_request(ctx, "main", p.per_k, p.seed, "last")
     cols = req["cols"]
@@ -83,9 +88,6 @@ def _sula(ctx, p):
 def _tunnel(ctx, p):
     """The same for a wind tunnel's query prefixes: the exact posterior over its hypotheses, strata = the query
     position, evidence = which posterior, groups = the sequence."""
-    from ..core.layers import resolve_layers
-    from .windtunnel import load_windtunnel_task, windtunnel_prompts
-
     model, task = load_windtunnel_task(p.tunnel)
     prompts, cols = windtunnel_prompts(task, p.n_sequences, p.seed)
     post = task.sample(p.n_sequences, seed=p.seed).posterior.double().numpy()  # the same draws: [n, Q, H]
@@ -97,13 +99,6 @@ def _tunnel(ctx, p):
 
 
 def run(ctx, p: CausalSubspaceParams) -> Result:
-    import time
-
-    import torch
-
-    from ..analyses.causal import Training, das_report, model_site
-    from ..stats.info import entropy_of_log_probs
-
     model, prompts, labels, exact, strata, evidence, groups, layers = (_sula if p.tunnel is None else _tunnel)(ctx, p)
     training = Training(p.steps, p.lr, p.batch)
     rows, data = [], dict(layers=layers, seconds={})
@@ -147,8 +142,6 @@ def summary(rows: list[Row], p: CausalSubspaceParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..core.figures import COLOURS, layout
-
     out = []
     for pr in probes:
         fig = go.Figure()
@@ -176,8 +169,6 @@ def figures(probes) -> list[Figure]:
 
 
 def plan(ctx, p: CausalSubspaceParams) -> list:
-    from ..core.plugin import PlanItem
-
     what = (f"DAS at {p.reading}, d in {list(p.ds)}, {len(p.targets)} target(s), {p.folds} folds of {p.steps} "
             f"steps, random-subspace nulls of at most {p.n_null}")
     if p.tunnel is not None:
@@ -198,9 +189,6 @@ def ledger(probes) -> list:
     cells over layers and d, one Holm family against their random-subspace nulls; the decisive cell is the
     surviving one of highest IIA), and that subspace lies apart from the entropy axes (its angles to PC1 and the
     ridge axis no smaller than random subspaces', at that cell)."""
-    from ..core.plugin import Claim
-    from ..stats import ledger as L
-
     out = []
     for pr in probes:
         params = pr.params_object()

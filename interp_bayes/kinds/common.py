@@ -3,6 +3,8 @@ report."""
 
 from __future__ import annotations
 
+# tasks.icl (torch) and the statistics (scipy) are imported inside functions: most kinds' modules import this one, and a
+# kind's module is loaded to read its parameters, where no model runs
 import json
 
 import numpy as np
@@ -10,14 +12,13 @@ import numpy as np
 from ..core.errors import CacheError, ConfigError
 from ..core.results import Row, find
 from ..core.store import read_json, warn, write_json
+from ..core.prompts import load_source, source_label
 
 SULA_LAYERS = "spread5"  # the in-context probes collect five evenly spaced layers ending at the last
 
 
 def pool(ctx, source):
     """(final-token values at the sweep's layers for a whole prompt source, the prompts as a Dataset)."""
-    from ..core.prompts import load_source, source_label
-
     spec = source if source is not None else ctx.config.prompts
     ds = load_source(spec)
     acts = ctx.activations(f"pool-{source_label(spec)}", list(ds["text"]), layers=ctx.layers(None), readings=("v",))

@@ -11,6 +11,7 @@ entropy is a function of position: its deconfounded R² is NaN, with that reason
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,9 +20,13 @@ import numpy as np
 
 from ..core.results import Row, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Result
-from .common import check_folds, recipe_nuisances, sula, sula_groups, sula_prompts
-from .windtunnel import TunnelParams
+from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from .common import check_folds, plan_sula, recipe_nuisances, sula, sula_groups, sula_prompts, sula_request
+from .windtunnel import TunnelParams, windtunnel_prompts, windtunnel_set
+from ..analyses.decoding import decoding_curve
+from ..core.figures import layout
+from ..stats import ledger as L
+from ..windtunnel.tunnels import open_tunnel
 
 
 @dataclass(frozen=True)
@@ -48,16 +53,12 @@ TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))
 
 
 def run(ctx, p: DecodingParams) -> Result:
-    from ..analyses.decoding import decoding_curve
-
     if p.tunnel is None:
         layers = ctx.layers(p.layers)
         acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
         readings = ctx.activations("sula-main-readings", cols["text"], layers=layers, readings=p.readings,
                                    label_tokens=acts.meta["label_tokens"]).with_groups(sula_groups(cols))
     else:
-        from .windtunnel import windtunnel_set
-
         wt = windtunnel_set(ctx, p.tunnel, p.n_sequences, p.seed, layers=p.layers, readings=p.readings)
         readings, cols, layers = wt.acts, wt.cols, wt.layers
     cov, _ = recipe_nuisances(p, [len(t) for t in readings.token_ids], cols["k"])
@@ -72,8 +73,6 @@ def run(ctx, p: DecodingParams) -> Result:
 
 def _word(row: Row) -> str:
     """The R²'s place against its null, from its sequential test where it has one."""
-    from ..stats import ledger as L
-
     if not row.test:
         return row.verdict()
     return {L.HOLDS: "above null", L.BORDERLINE: L.BORDERLINE}.get(L.beyond_null(row), "within null")
@@ -112,8 +111,6 @@ def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..core.figures import layout
-
     out = []
     for p in probes:
         targets = list(dict.fromkeys(r.scope["target"] for r in select(p.rows, "decoding_r2")))
@@ -148,13 +145,7 @@ def figures(probes) -> list[Figure]:
 def plan(ctx, p: DecodingParams) -> list:
     """The SULA main set and its readings at the probe's layers (or a wind tunnel's prefixes), then the ridge
     decoders (arithmetic only)."""
-    from ..core.plugin import PlanItem
-    from .common import plan_sula, sula_request
-
     if p.tunnel is not None:
-        from ..windtunnel.tunnels import open_tunnel
-        from .windtunnel import windtunnel_prompts
-
         prompts, _ = windtunnel_prompts(open_tunnel(p.tunnel).task, p.n_sequences, p.seed)
         return [PlanItem("decoding", f"wind tunnel {p.tunnel}: {len(prompts)} prefixes, readings "
                          f"{', '.join(p.readings)} at every layer (a small model: seconds)", None, len(prompts),
@@ -181,8 +172,6 @@ def decodable_claim(rows: list[Row]):
     least ``DECODABLE_R2`` for "holds". The best row is returned (its location named) only when it survives.
     Without a finite R² anywhere, the first cell's verdict (e.g. "inseparable"); None without any decoding row or
     without the family's row (a run from before it existed)."""
-    from ..stats import ledger as L
-
     best = next(iter(select(rows, "decoding_r2_best", target="model entropy", adjust="deconfounded")), None)
     if best is None:  # no finite R² at any cell (its reason: inseparable or untestable), or a run from before
         every = select(rows, "decoding_r2", target="model entropy", adjust="deconfounded")
@@ -196,9 +185,6 @@ def decodable_claim(rows: list[Row]):
 def ledger(probes) -> list:
     """Where uncertainty is decodable: the model's entropy beyond the confounds, one decision over the layers and
     readings (``decodable_claim``), and the share of it the values' PC1 axis carries at the layer that survives."""
-    from ..core.plugin import Claim
-    from ..stats import ledger as L
-
     out = []
     for p in probes:
         where = subject(p.params_object())

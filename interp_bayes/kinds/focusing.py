@@ -4,14 +4,18 @@ layer, with bootstrap intervals over prompts."""
 
 from __future__ import annotations
 
+# the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
+# kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
-from .common import pool
+from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
+from .common import claims_from, pool
+from ..core.figures import COLOURS, layout
+from ..core.prompts import load_source, source_label, stratified_sample
 
 
 @dataclass(frozen=True)
@@ -22,8 +26,6 @@ class FocusingParams(Params):
 
 
 def _chosen(ctx, p: FocusingParams):
-    from ..core.prompts import stratified_sample
-
     acts, ds = pool(ctx, p.prompts)
     idx = stratified_sample(acts.entropy.numpy(), per_bin=p.per_bin, seed=ctx.config.seed)
     return [ds["text"][i] for i in idx]
@@ -44,8 +46,6 @@ def run(ctx, p: FocusingParams) -> Result:
 
 
 def plan(ctx, p: FocusingParams) -> list:
-    from ..core.prompts import load_source, source_label
-
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
     texts = list(load_source(spec)["text"])
     pool_cached = (ctx.acts_path(f"pool-{source_label(spec)}", texts, layers=ctx.layers(None)) /
@@ -65,8 +65,6 @@ def summary(rows: list[Row], p: FocusingParams) -> list[Line]:
 
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
-
-    from ..core.figures import COLOURS, layout
 
     out = []
     for p in probes:
@@ -89,9 +87,7 @@ def figures(probes) -> list[Figure]:
 
 
 def ledger(probes) -> list:
-    from ..core.plugin import Claim
     from ..stats import ledger as L
-    from .common import claims_from
 
     return claims_from(probes, "focusing_reduction", lambda p, red: Claim(
         "attention-focuses", "Attention focuses with depth (entropy falls from the first to the last layer)",

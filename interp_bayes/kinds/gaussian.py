@@ -10,6 +10,7 @@ Kalman tunnel (``tunnel: <kalman checkpoint>``) the same three on its exact Gaus
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -17,11 +18,18 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.plugin import Figure, Kind, Line, Result
+from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
 from .common import check_folds
-from .windtunnel import TunnelParams
+from .windtunnel import TunnelParams, load_windtunnel_task
+from ..analyses.gaussian import belief_decoding, manifold_curvature, normal_calibration, predictive_calibration
+from ..core.figures import layout
+from ..core.layers import resolve_layers
+from ..stats import ledger as L
+from ..tasks.gaussian import GaussianTask, number_token_ids
+from ..windtunnel.kalman import kalman_readings
+from ..windtunnel.tunnels import tunnel_config
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,6 @@ class GaussianParams(TunnelParams):
 
     def checkpoints(self) -> dict:
         """A Kalman tunnel of a one-dimensional state (the beliefs this kind reads), refused otherwise."""
-        from ..windtunnel.tunnels import tunnel_config
-
         folders = super().checkpoints()
         # KalmanTask's state_dim defaults to 2: a config that names none is not one-dimensional
         if folders and tunnel_config(folders["tunnel"]).get("task_kwargs", {}).get("state_dim") != 1:
@@ -61,11 +67,7 @@ class GaussianParams(TunnelParams):
 
 def _task_data(ctx, p: GaussianParams) -> dict:
     """Readings per layer [N, d_model], groups, strata (n or step), the belief targets, and the calibration."""
-    from ..analyses.gaussian import normal_calibration, predictive_calibration
-
     if p.tunnel is None:
-        from ..tasks.gaussian import GaussianTask, number_token_ids
-
         task = GaussianTask(ns=tuple(p.ns))
         cols = task.generate(p.n_sequences, seed=p.seed)
         ids = number_token_ids(ctx.tokenizer, task.low, task.high)
@@ -82,10 +84,6 @@ def _task_data(ctx, p: GaussianParams) -> dict:
         extra = dict(rejected=cols["rejected"][0], top_is_number=top_is_number, n_prompts=len(cols["text"]))
         return dict(readings=readings, groups=groups, strata=strata, targets=targets, calibration=calib,
                     extra=extra)
-    from ..core.layers import resolve_layers
-    from ..windtunnel.kalman import kalman_readings
-    from .windtunnel import load_windtunnel_task
-
     bridge, task = load_windtunnel_task(p.tunnel)
     layers = resolve_layers(p.layers, bridge.cfg.n_layers, "all")
     acts, cols = kalman_readings(bridge, task, p.n_sequences, seed=p.seed, layers=layers, readings=("resid",))
@@ -104,8 +102,6 @@ GEOMETRY = ("pca_dim_90", "pca_dim_95", "participation_ratio", "rv_pca", "rv_iso
 
 
 def run(ctx, p: GaussianParams) -> Result:
-    from ..analyses.gaussian import belief_decoding, manifold_curvature
-
     data = _task_data(ctx, p)
     groups, strata = data["groups"], data["strata"]
     n_groups = int(len(np.unique(groups)))
@@ -150,8 +146,6 @@ def run(ctx, p: GaussianParams) -> Result:
 
 def _kl_word(kl: Row) -> str:
     """The KL's place against another prompt's prediction, as its sequential test decided it."""
-    from ..stats import ledger as L
-
     below = L.beyond_null(kl, "below")
     return "below null" if below == L.HOLDS else L.BORDERLINE if below == L.BORDERLINE else kl.verdict()
 
@@ -192,8 +186,6 @@ def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..core.figures import layout
-
     out = []
     for p in probes:
         fig = make_subplots(rows=1, cols=2, subplot_titles=["decodable belief (held-out R²)",
@@ -224,14 +216,10 @@ def figures(probes) -> list[Figure]:
 def plan(ctx, p: GaussianParams) -> list:
     """The Gaussian prompts' residual streams at the probe's layers (or a Kalman tunnel's steps, seconds), then
     ridge decoders and Isomap (arithmetic)."""
-    from ..core.plugin import PlanItem
-
     if p.tunnel is not None:
         return [PlanItem("gaussian", f"Kalman tunnel {p.tunnel}: {p.n_sequences} sequences, residual stream at every "
                          "step (seconds), then the Isomap nulls (minutes)", None, p.n_sequences,
                          model=Path(p.tunnel).name)]
-    from ..tasks.gaussian import GaussianTask, number_token_ids
-
     cols = GaussianTask(ns=tuple(p.ns)).generate(p.n_sequences, seed=p.seed)
     return [ctx.plan_acts("gaussian", "gaussian-resid", cols["text"], layers=ctx.layers(p.layers),
                           readings=("resid",), label_tokens=number_token_ids(ctx.tokenizer), dims=ctx.site_dims())]
@@ -248,8 +236,6 @@ def family_claim(rows: list[Row]) -> tuple[str, Row | None, str]:
     the largest value decides with its own verdict (``ledger.beyond_null``), named when that holds; none:
     "borderline" when some layer's draws reached their cap undecided, else "does not hold", with the largest
     value's numbers and no layer named."""
-    from ..stats import ledger as L
-
     if not any(r.test for r in rows):  # a run from before the layers' sequential tests
         return L.UNTESTABLE, None, "no sequential test per layer in this run (rerun it)"
     survive, undecided = L.family(rows)
@@ -267,8 +253,6 @@ def ledger(probes) -> list:
     """Sarfati et al.'s claims on this toolkit's models: the posterior's mean and spread are decodable, and the
     belief states lie on a curved manifold (the curvature gap beyond its flat null), each one decision over the
     layers (``family_claim``), the layer named only when it survives."""
-    from ..core.plugin import Claim
-
     out = []
     for p in probes:
         where = subject(p.params_object())

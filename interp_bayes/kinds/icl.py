@@ -4,6 +4,8 @@ prompts hold no example at all: a formatting confound)."""
 
 from __future__ import annotations
 
+# the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
+# kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
 import html
 from dataclasses import dataclass
 
@@ -12,9 +14,10 @@ import numpy as np
 from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from ..core.layers import check_recipe_layers
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows, pct, plan_sula, sula
+from ..core.figures import layout, shorten, table
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
@@ -138,8 +141,6 @@ def _calibration(p) -> Figure:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..core.figures import layout
-
     fig = make_subplots(rows=1, cols=2, subplot_titles=["label entropy per k", "entropy MAE vs Bayes per k"])
     bayes_curves: dict[tuple, list[str]] = {}
     for condition in p.params.get("conditions", []):
@@ -171,8 +172,6 @@ def _calibration(p) -> Figure:
 def _geometry(p) -> Figure | None:
     import plotly.graph_objects as go
 
-    from ..core.figures import layout, shorten
-
     d = p.data.get("main", {})
     if "pc1" not in d:
         return None
@@ -196,8 +195,6 @@ def _geometry(p) -> Figure | None:
 
 
 def _examples(p) -> Figure | None:
-    from ..core.figures import table
-
     d = p.data.get("main", {})
     if "texts" not in d:
         return None
@@ -219,7 +216,6 @@ def ledger(probes) -> list:
     """Calibration to Bayes (the in-context entropy error against the shuffled-label control's, else against the
     error at k = 0), and PC1 tracking the posterior's entropy beyond k."""
     from ..stats import ledger as L
-    from ..core.plugin import Claim
 
     out = []
     for p in probes:

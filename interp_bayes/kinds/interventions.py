@@ -5,6 +5,8 @@ the edits evaluated on the other half (``fit: in_sample`` fits on the evaluation
 
 from __future__ import annotations
 
+# the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
+# kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,9 +15,10 @@ import numpy as np
 from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Params, PlanItem, Result
 from ..core.layers import check_recipe_layers
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula, sula_task
+from ..core.figures import layout
 
 if TYPE_CHECKING:  # imported where used: importing the kinds stays free of torch
     from ..analyses.interventions import EditProtocol
@@ -157,8 +160,6 @@ def run(ctx, p: InterventionsParams) -> Result:
 
 
 def plan(ctx, p: InterventionsParams) -> list:
-    from ..core.plugin import PlanItem
-
     items = plan_sula(ctx, "interventions", ["main"], p.per_k, p.seed, p.layers)
     # at most: the random control families stop once the true edit's rank among them is settled (their counts are
     # caps), at the cost of one unperturbed run per batch of controls
@@ -208,8 +209,6 @@ def effects_figure(p, title_prefix: str = "") -> Figure | None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..core.figures import layout
-
     runs = p.data.get("runs")
     if not runs:
         return None
@@ -254,8 +253,6 @@ def _true_raw(runs: list[dict], scope: dict) -> float:
 def per_k_figure(p, title_prefix: str = "") -> Figure | None:
     """Change in entropy MAE per k of every edit, true axis against the mean of each control family."""
     import plotly.graph_objects as go
-
-    from ..core.figures import layout
 
     runs, base = p.data.get("runs"), p.data.get("baseline", {})
     ks = sorted(int(key[len("mae_k"):]) for key in base if key.startswith("mae_k") and key[5:].isdigit())
@@ -316,7 +313,6 @@ def readout_claim(rows: list[Row], subject: str = "", section: str = "", op: str
     ``ledger.below_margin``. Rows written before that row existed read "not testable here", asking for a rerun.
     Claim keys: ``readout``, ``readout-resample``, ``readout-mean``."""
     from ..stats import ledger as L
-    from ..core.plugin import Claim
 
     def widest(found: list[Row]) -> Row:
         return max(found, key=lambda r: len(str(r.scope.get("layer_set", "")).split("+")))

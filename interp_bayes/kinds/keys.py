@@ -3,13 +3,16 @@ Gaussian W_K of the same shape (the null, in the right dimension: columns live i
 
 from __future__ import annotations
 
+# the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
+# kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
+from ..core.figures import COLOURS, layout
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,6 @@ def summary(rows: list[Row], p: KeysParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..core.figures import COLOURS, layout
-
     out = []
     for p in probes:
         per_head = np.asarray(p.data["per_head"])  # [layers, kv heads]
@@ -80,7 +81,6 @@ ORTHOGONAL_CEILING = 0.2  # mean |cos| the papers still call orthogonal (their w
 
 
 def ledger(probes) -> list:
-    from ..core.plugin import Claim
     from ..stats import ledger as L
     from .common import claims_from
 

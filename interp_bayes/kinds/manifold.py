@@ -3,6 +3,8 @@ pool, with an interval over fresh draws, the bootstrap (the paper's statistic) a
 
 from __future__ import annotations
 
+# the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
+# kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
 import html
 from dataclasses import dataclass
 
@@ -10,9 +12,11 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.results import Row, find, select
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from .common import deconfounded, deconfounded_text, groups_of, last_layer, manifold_rows, pool, share_text
 from ..core.registry import register
+from ..core.figures import COLOURS, layout, shorten, table
+from ..core.prompts import load_source, source_label, stratified_sample
 
 DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
 
@@ -43,7 +47,6 @@ def label(params: ManifoldParams) -> str:
 def run(ctx, p: ManifoldParams) -> Result:
     from ..analyses.manifold import manifold_report
     from ..stats.pca import pca, resample_shares
-    from ..core.prompts import stratified_sample
 
     acts, ds = pool(ctx, p.prompts)
     domains = np.array(ds["domain"])
@@ -85,8 +88,6 @@ def run(ctx, p: ManifoldParams) -> Result:
 
 
 def plan(ctx, p: ManifoldParams) -> list:
-    from ..core.prompts import load_source, source_label
-
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
     texts = list(load_source(spec)["text"])
     return [ctx.plan_acts("manifold", f"pool-{source_label(spec)}", texts, layers=ctx.layers(None),
@@ -114,8 +115,6 @@ def summary(rows: list[Row], p: ManifoldParams) -> list[Line]:
 def _scatter(probes) -> Figure | None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
-
-    from ..core.figures import layout, shorten
 
     panels = []
     for p in probes:
@@ -149,8 +148,6 @@ def _scatter(probes) -> Figure | None:
 def _shares(probes) -> Figure | None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
-
-    from ..core.figures import COLOURS, layout
 
     sets = [(p.data.get("label", p.name), p.rows) for p in probes if last_layer(p.rows) is not None]
     if not sets:
@@ -190,9 +187,6 @@ def _shares(probes) -> Figure | None:
 
 
 def _examples(probes) -> Figure | None:
-    from ..core.figures import shorten
-    from ..core.figures import table
-
     parts = []
     for p in probes:
         d = p.data
@@ -224,7 +218,6 @@ def ledger(probes) -> list:
     """One dominant axis and PC1 tracking entropy (on the mixed set, else the first), and the manifold's collapse
     under domain restriction (each restricted set's PC1+PC2 share against the mixed set's)."""
     from ..stats import ledger as L
-    from ..core.plugin import Claim
 
     sets = {}
     for p in probes:

@@ -7,6 +7,7 @@ or on a bijection wind tunnel (docs/rivals.md)."""
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -14,9 +15,13 @@ from typing import ClassVar
 from ..core.errors import ConfigError
 from ..core.results import Row, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Result
+from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from .common import sula_task
-from .windtunnel import TunnelParams
+from .windtunnel import TunnelParams, load_windtunnel_task
+from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
+from ..core.figures import COLOURS, layout
+from ..stats import ledger as L
+from ..windtunnel.tunnels import is_tunnel, open_tunnel
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,6 @@ class MartingaleParams(TunnelParams):
         """Every k a count of examples the task can show before its query (a bijection tunnel: below its pairs)."""
         most = None
         if self.tunnel is not None:
-            from ..windtunnel.tunnels import is_tunnel, open_tunnel
-
             if is_tunnel(self.tunnel):  # (a folder that is no checkpoint is the run's to refuse)
                 n_pairs = getattr(open_tunnel(self.tunnel).task, "n_pairs", None)
                 most = None if n_pairs is None else n_pairs - 1
@@ -52,16 +55,12 @@ class MartingaleParams(TunnelParams):
 
 
 def run(ctx, p: MartingaleParams) -> Result:
-    from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
-
     if p.tunnel is None:
         task, ids = sula_task(ctx, p.per_k)
         # extra ks are generated after the task's own, so the prompts of those (the default recipe's) do not change
         task = replace(task, ks=task.ks + tuple(sorted(set(p.ks) - set(task.ks))))
         setup, contexts, model = sula_setup(task, ids["main"]), sula_contexts(task, seed=p.seed, ks=p.ks), ctx.model
     else:
-        from .windtunnel import load_windtunnel_task
-
         model, task = load_windtunnel_task(p.tunnel)
         setup, contexts = bijection_setup(task), bijection_contexts(task, list(p.ks), p.per_k, seed=p.seed)
     report = martingale_test(model, setup, contexts, n_perms=p.n_perms, n_draws=p.n_draws, n_null=p.n_null,
@@ -91,8 +90,6 @@ def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
-
-    from ..core.figures import COLOURS, layout
 
     out = []
     for p in probes:
@@ -126,8 +123,6 @@ def expectation_figure(p) -> Figure:
     exact predictor's value (exchangeable by construction) beside them: Bayes in expectation (Chlon et al.)."""
     import plotly.graph_objects as go
 
-    from ..core.figures import COLOURS, layout
-
     fig = go.Figure()
     for metric, name, colour in (("martingale_gap_debiased_bits", "per order", COLOURS["observed"]),
                                  ("averaged_martingale_gap_debiased_bits", "averaged over orderings",
@@ -157,8 +152,6 @@ def expectation_figure(p) -> Figure:
 def plan(ctx, p: MartingaleParams) -> list:
     """Forwards of the test: each context in ``n_perms`` orders, then ``n_draws`` draws of a next example, each
     predicted with and without it (``martingale.martingale_test``), plus the contexts themselves."""
-    from ..core.plugin import PlanItem
-
     n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
     n += p.per_k * len(p.ks) * p.orderings * (1 + 4 * p.n_draws)  # averaged: each predicted context in m orders
     on = subject(p)
@@ -183,8 +176,6 @@ def martingale_claim(rows: list[Row], metric: str) -> tuple[str, str] | None:
     own tests survive Holm over k (or none: a small gap at every k); undecided at the cap: "borderline"; not
     rejected: "holds" only when the test could have seen a pooled gap of ``DELTA_BITS`` (``ledger.detectable``),
     else "not testable here". None without the pooled row (a run from before it existed)."""
-    from ..stats import ledger as L
-
     pooled = next(iter(select(rows, f"{metric}_over_k")), None)
     if pooled is None:
         return None
@@ -202,9 +193,6 @@ def martingale_claim(rows: list[Row], metric: str) -> tuple[str, str] | None:
 def ledger(probes) -> list:
     """Rivals of a Bayesian reading: predictions that depend on the order of the examples (the claim holds when no
     k clears its null), or that are not a martingale (one decision over k: ``martingale_claim``)."""
-    from ..stats import ledger as L
-    from ..core.plugin import Claim
-
     out = []
     for p in probes:
         where = subject(p.params_object())

@@ -16,6 +16,7 @@ neurons are sought, and the covariates include one indicator per query position 
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,18 @@ import numpy as np
 from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Result
-from .common import SULA_LAYERS, deconfounded_text, pool, recipe_nuisances, sula, sula_task
-from .windtunnel import TunnelParams
+from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from .common import SULA_LAYERS, deconfounded_text, plan_sula, pool, recipe_nuisances, sula, sula_task
+from .windtunnel import TunnelParams, windtunnel_prompts, windtunnel_set
+from ..analyses.axis import fit_entropy_axis
+from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
+from ..analyses.neurons import AblationProtocol, entropy_neurons
+from ..analyses.unembedding import frequency_neurons, unembedding_null_space, unigram_counts
+from ..core.figures import COLOURS, layout
+from ..core.prompts import load_source, source_label
+from ..stats import ledger as L
+from ..stats.confounds import deconfounded_rows
+from ..windtunnel.tunnels import open_tunnel
 
 
 @dataclass(frozen=True)
@@ -61,8 +71,6 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
     None on a wind tunnel), ``bayes`` (targets of the scale correlation beside the model's own: a wind tunnel's exact
     entropy), ``reported`` (the scale correlation's targets reported) and ``name`` (the prompt set, a row scope)."""
     if p.tunnel is not None:
-        from .windtunnel import windtunnel_set
-
         if p.prompts is not None:
             raise ConfigError("Parameter 'prompts' applies to the sweep's model (no tunnel:); on a wind tunnel every "
                               "part runs on its query prefixes (set n_sequences).")
@@ -83,12 +91,6 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
 
 
 def run(ctx, p: EntropyNeuronsParams) -> Result:
-    from ..analyses.axis import fit_entropy_axis
-    from ..stats.confounds import deconfounded_rows
-    from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
-    from ..analyses.neurons import AblationProtocol, entropy_neurons
-    from ..analyses.unembedding import frequency_neurons, unembedding_null_space, unigram_counts
-
     s = _prompt_sets(ctx, p)
     model = s.model
     null = unembedding_null_space(model, tokens=s.readout)
@@ -185,8 +187,6 @@ def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
 
-    from ..core.figures import COLOURS, layout
-
     out = []
     for p in probes:
         d = p.data
@@ -219,20 +219,12 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
     """The pool and SULA sets it reads (shared with other probes), then the ablations: each of the ``top_n``
     candidates and ``n_random`` random neurons ablated on every prompt, total and with the final norm frozen
     (direct), plus the clean forward; with ``compare``, both mechanisms against their controls on the SULA set."""
-    from ..core.plugin import PlanItem
-    from .common import plan_sula
-
     if p.tunnel is not None:
-        from ..windtunnel.tunnels import open_tunnel
-        from .windtunnel import windtunnel_prompts
-
         prompts, _ = windtunnel_prompts(open_tunnel(p.tunnel).task, p.n_sequences, p.seed)
         n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
                                                                if p.compare else 0)
         return [PlanItem("entropy_neurons", f"wind tunnel {p.tunnel}: ablations on {len(prompts)} prefixes (a small "
                          "model: seconds)", None, n, model=Path(p.tunnel).name)]
-    from ..core.prompts import load_source, source_label
-
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
     texts = list(load_source(spec)["text"])
     n_ablate = min(p.n_prompts, len(texts))
@@ -256,9 +248,6 @@ def subject(p) -> str:
 def ledger(probes) -> list:
     """Rivals: the final-norm scale (entropy neurons' route) tracks entropy beyond the confounds; the value axis
     lies in the unembedding's null space more than random value directions do."""
-    from ..stats import ledger as L
-    from ..core.plugin import Claim
-
     out = []
     for p in probes:
         where = subject(p.params_object())

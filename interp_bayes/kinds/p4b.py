@@ -7,17 +7,27 @@ any architecture, read at its residual stream."""
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+import torch
 
 from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from .common import check_folds
 from .windtunnel import TunnelParams
+from ..analyses import p4b as P
+from ..analyses.p4b import AUTHORS, answer, best_layer, cut_verdicts, decoding_verdict
+from ..analyses.subspaces import ablation_costs, every_position, fit_subspaces, sequence_losses, top_rows
+from ..core.figures import COLOURS, layout
+from ..model.edits import intervene
+from ..stats import as_float64, info
+from ..windtunnel.discrete import restricted_log_probs
+from ..windtunnel.tunnels import open_tunnel
 
 
 @dataclass(frozen=True)
@@ -39,15 +49,6 @@ class P4bParams(TunnelParams):
 
 
 def run(ctx, p: P4bParams) -> Result:
-    import torch
-
-    from ..analyses import p4b as P
-    from ..analyses.subspaces import ablation_costs, every_position, fit_subspaces, sequence_losses, top_rows
-    from ..model.edits import intervene
-    from ..stats import as_float64, info
-    from ..windtunnel.discrete import restricted_log_probs
-    from ..windtunnel.tunnels import open_tunnel
-
     tunnel = open_tunnel(p.tunnel)
     model, task = tunnel.model, tunnel.task
     fit, ev = task.sample(p.n_fit, seed=[p.seed, 0]), task.sample(p.n_eval, seed=[p.seed, 1])
@@ -101,8 +102,6 @@ def subject(p: P4bParams) -> str:
 
 
 def summary(rows: list[Row], p: P4bParams) -> list[Line]:
-    from ..analyses.p4b import answer, cut_verdicts, decoding_verdict
-
     where, tol = subject(p), find(rows, "cost_tolerance").value
     out = []
     for r in select(rows, "decoding_r2"):
@@ -121,8 +120,6 @@ def summary(rows: list[Row], p: P4bParams) -> list[Line]:
 
 def figures(probes) -> list[Figure]:
     from plotly.subplots import make_subplots
-
-    from ..core.figures import COLOURS, layout
 
     out = []
     for pr in probes:
@@ -161,8 +158,6 @@ def ledger(probes) -> list:
     """Per probe, at the reading where the entropy decodes best (the authors' choice): cutting the entropy axis is
     inert (the authors' P4b), and the axis that decodes the entropy reads it beyond position (a rival reading: the
     entropy of keys drawn without replacement is a function of position)."""
-    from ..analyses.p4b import AUTHORS, answer, best_layer, decoding_verdict
-
     out = []
     for pr in probes:
         where = subject(pr.params_object())

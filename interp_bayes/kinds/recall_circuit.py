@@ -7,6 +7,7 @@ when the run binds and what is missing when it does not."""
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -20,6 +21,7 @@ from ..stats.ledger import fmt, interval_side
 from ..windtunnel.recall import evaluate_recall
 from ..windtunnel.tunnels import open_tunnel, saved_checkpoints
 from .windtunnel import TunnelParams
+from ..core.figures import layout
 
 BINDS = 0.5  # a binding head gives the queried key's value most of its attention on the stored values
 
@@ -105,8 +107,6 @@ def figures(probes) -> list[Figure]:
     """Per probe: the induction-score curve, every head's value share and key look-back against the training step,
     beside the recall."""
     import plotly.graph_objects as go
-
-    from ..core.figures import layout
 
     out = []
     for pr in probes:

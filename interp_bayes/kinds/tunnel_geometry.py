@@ -8,6 +8,7 @@ nothing to decode)."""
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +20,11 @@ from ..core.registry import register
 from ..core.results import Row, find, select
 from .common import check_folds
 from .windtunnel import TunnelParams
+from ..analyses import p4b as P
+from ..analyses.p4b import decoding_verdict
+from ..core.figures import COLOURS, layout
+from ..stats import info
+from ..windtunnel.tunnels import open_tunnel
 
 TESTS = ("decodable", "within position")
 
@@ -38,10 +44,6 @@ class TunnelGeometryParams(TunnelParams):
 
 
 def run(ctx, p: TunnelGeometryParams) -> Result:
-    from ..analyses import p4b as P
-    from ..stats import info
-    from ..windtunnel.tunnels import open_tunnel
-
     tunnel = open_tunnel(p.tunnel)
     model, task = tunnel.model, tunnel.task
     batch = task.sample(p.n, seed=[p.seed, 0])
@@ -68,8 +70,6 @@ def subject(p: TunnelGeometryParams) -> str:
 
 
 def summary(rows: list[Row], p: TunnelGeometryParams) -> list[Line]:
-    from ..analyses.p4b import decoding_verdict
-
     where = subject(p)
     out = []
     for test in TESTS:
@@ -93,8 +93,6 @@ def summary(rows: list[Row], p: TunnelGeometryParams) -> list[Line]:
 
 def figures(probes) -> list[Figure]:
     import plotly.graph_objects as go
-
-    from ..core.figures import COLOURS, layout
 
     out = []
     for pr in probes:
@@ -123,8 +121,6 @@ def plan(ctx, p: TunnelGeometryParams) -> list:
 
 def ledger(probes) -> list:
     """Per probe: the exact entropy decodes from the final layer beyond its position (within position)."""
-    from ..analyses.p4b import decoding_verdict
-
     out = []
     for pr in probes:
         within = select(pr.rows, "decoding_r2", test="within position")

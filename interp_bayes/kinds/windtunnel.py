@@ -5,6 +5,7 @@ position, edits evaluated on the other half)."""
 
 from __future__ import annotations
 
+# plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -13,12 +14,27 @@ import numpy as np
 
 from ..core.results import Row, find, select
 from ..core.registry import register
-from ..core.plugin import Figure, Kind, Line, Params, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Params, PlanItem, Result
 from .common import check_folds, deconfounded, deconfounded_text, manifold_rows, pct
 from .icl import calibration_rows
-from .interventions import (ProtocolPrompts, check_protocol, effects_figure, per_k_figure, protocol, split_by_group,
-                            summary_lines)
+from .interventions import (ProtocolPrompts, check_protocol, effects_figure, per_k_figure, protocol, readout_claims,
+                            split_by_group, summary_lines)
 from ..windtunnel.tunnels import PACKAGED, checkpoint_folder, open_tunnel, tunnel_config
+from ..analyses.axis import fit_entropy_axis
+from ..analyses.focusing import attention_focusing
+from ..analyses.interventions import EditProtocol
+from ..analyses.keys import key_orthogonality
+from ..analyses.manifold import manifold_report
+from ..core.errors import ConfigError
+from ..core.figures import COLOURS, layout
+from ..core.layers import layer_index, resolve_layers
+from .manifold import DOMINANT
+from ..model.hooks import reading_hook
+from ..stats import info, ledger as L
+from ..stats.calibration import compare_to_bayes
+from ..stats.confounds import nuisance_columns
+from ..stats.pca import key_orthogonality_null
+from ..windtunnel.configs import n_params
 
 DISCRETE_TASKS = ("bijection", "hmm", "recall")  # tasks whose exact posterior is over hypothesis tokens
 
@@ -29,8 +45,6 @@ def tunnel_folder(name: str, kind: str, tasks: tuple[str, ...], archs: tuple[str
     parameter ``param`` names, refused (ConfigError listing the packaged ones that fit) when it holds no wind
     tunnel, or one of a task this kind does not read, or (``archs``) of an architecture without the hooks it
     reads."""
-    from ..core.errors import ConfigError
-
     def fits(config: dict | None) -> bool:
         return config is not None and config["task"] in tasks and (archs is None or config.get("arch") in archs)
 
@@ -95,8 +109,6 @@ def windtunnel_prompts(task, n_sequences: int, seed: int) -> tuple[list[list[int
     """One prompt per (sequence, query position): the prefix ending at the query, so the final token is the one
     whose next-token belief the exact posterior describes. Returns token ids and task columns (k = query number,
     latent = the realised hypothesis, bayes_entropy in bits, sequence = the sequence's index)."""
-    from ..stats import info
-
     batch = task.sample(n_sequences, seed=seed)
     h = info.entropy(batch.posterior.double())  # [n, Q]
     prompts, cols = [], dict(k=[], latent=[], bayes_entropy=[], sequence=[])
@@ -133,10 +145,6 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
     """The bridge, the task, the prompts of ``n_sequences`` sequences (``windtunnel_prompts``) and their
     activations at ``layers`` (a layer parameter resolved against the checkpoint's own depth; None: the sweep's
     ``layers``), from the run folder's cache, with the task's hypothesis tokens as the label tokens."""
-    from ..core.errors import ConfigError
-    from ..core.layers import resolve_layers
-    from ..model.hooks import reading_hook
-
     tunnel = open_tunnel(checkpoint)
     model, task = tunnel.model, tunnel.task
     prompts, cols = windtunnel_prompts(task, n_sequences, seed)
@@ -152,16 +160,6 @@ def windtunnel_set(ctx, checkpoint: str, n_sequences: int, seed: int, *, layers,
 
 
 def run(ctx, p: WindtunnelParams) -> Result:
-    from ..analyses.axis import fit_entropy_axis
-    from ..analyses.interventions import EditProtocol
-    from ..stats.calibration import compare_to_bayes
-    from ..stats.confounds import nuisance_columns
-    from ..analyses.focusing import attention_focusing
-    from ..analyses.keys import key_orthogonality
-    from ..stats.pca import key_orthogonality_null
-    from ..analyses.manifold import manifold_report
-    from ..windtunnel.configs import n_params
-
     wt = windtunnel_set(ctx, p.tunnel, p.n_sequences, p.seed, layers="all", readings=("v", "attn_entropy"))
     model, task, prompts, cols, acts = wt.model, wt.task, wt.prompts, wt.cols, wt.acts
     n = model.cfg.n_layers
@@ -200,7 +198,7 @@ def run(ctx, p: WindtunnelParams) -> Result:
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
                     n=f["n_prompts"], test=f["reduction_test"]))
     fit_idx, eval_idx = split_by_group(cols["sequence"], ctx.config.seed)  # no sequence on both sides
-    from ..core.layers import layer_index  # a layer outside the checkpoint is refused, not wrapped around
+    # a layer outside the checkpoint is refused, not wrapped around
     sets = [[layer_index(x, n) for x in s] for s in p.layer_sets]
     iv = protocol(ctx, p, ProtocolPrompts(model, prompts, acts, cols, task.hypothesis_ids, fit_idx, eval_idx, columns, k,
                                           "position"), EditProtocol(sets, p.ops, p.controls, ctx.config.seed))
@@ -211,8 +209,6 @@ def run(ctx, p: WindtunnelParams) -> Result:
 
 
 def plan(ctx, p: WindtunnelParams) -> list:
-    from ..core.plugin import PlanItem
-
     task = open_tunnel(p.tunnel).task
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
     return [PlanItem("windtunnel", f"wind tunnel {p.tunnel}: {len(prompts)} prompts and the intervention "
@@ -249,8 +245,6 @@ def _calibration(p) -> Figure:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..core.figures import COLOURS, layout
-
     per = sorted((r for r in select(p.rows, "model_entropy", condition="windtunnel") if "k" in r.scope),
                  key=lambda r: r.scope["k"])
     ks = [r.scope["k"] for r in per]
@@ -272,8 +266,6 @@ def _calibration(p) -> Figure:
 
 def _geometry(p) -> Figure | None:
     import plotly.graph_objects as go
-
-    from ..core.figures import layout
 
     d = p.data
     if "pc1" not in d:
@@ -310,11 +302,6 @@ def subject(p: WindtunnelParams) -> str:
 def ledger(probes) -> list:
     """Per wind tunnel: calibration to the exact posterior, one dominant value axis, PC1 tracking the Bayes
     entropy beyond the query position, and the axis as a readout (the interventions kind's claim)."""
-    from ..stats import ledger as L
-    from ..core.plugin import Claim
-    from .interventions import readout_claims
-    from .manifold import DOMINANT
-
     out = []
     for p in probes:
         tunnel = subject(p.params_object())

@@ -3,6 +3,8 @@ figures)."""
 
 from __future__ import annotations
 
+# plotly and .view (yaml) are imported inside the functions that need them: this module loads with the report's other
+# modules, most of which draw nothing
 import numpy as np
 
 from ..core.figures import layout

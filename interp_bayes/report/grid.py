@@ -8,6 +8,8 @@ not run, or a statistic an older run did not write, such as the deconfounded axi
 
 from __future__ import annotations
 
+# plotly, core.figures (numpy) and .html / .ledger (scipy) are imported inside the functions that build the grid page:
+# `interp-bayes grid --help` imports this module
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from pathlib import Path
 from ..core.results import Row
 from ..core.store import atomic_write_text
 from .view import RunView
+from ..core.plugin import Figure
 
 STEP = re.compile(r"step[-_]?0*(\d+)")  # Pythia's "step1000"; a wind tunnel's checkpoints/step_000050
 
@@ -172,7 +175,6 @@ def scaling_figures(cells: list[CellView]) -> list:
     import plotly.graph_objects as go
     from plotly.colors import qualitative
 
-    from ..core.plugin import Figure
     from ..core.figures import layout
 
     out = []

@@ -8,9 +8,12 @@ script is fetched, and every string that comes from data (prompts, model names, 
 
 from __future__ import annotations
 
+# plotly is imported inside the function that sends plotly.js to a notebook: only a report shown in Jupyter needs it
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from ..core.results import find
 from ..core.figures import escape, table
@@ -20,6 +23,8 @@ from . import ledger as L
 from .page import FILTER_SCRIPT, figure_div, plotly_packed_script, renderer_script
 from .tables import PAPER_ATTENTION, PAPER_ROWS
 from .view import ReportError, RunView, enclosing_run
+from ..core.checks import out_file_arg
+from .figures import compare_figures
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #1d2733;
        max-width: 1180px; margin: 0 auto; padding: 24px 32px 64px; line-height: 1.45; background: #fff; }
@@ -186,8 +191,6 @@ def _summary(run: RunView) -> str:
 
 
 def _provenance(run: RunView) -> str:
-    import yaml
-
     env, model, cfg = run.env, run.model, run.config
     facts = [("model", cfg.get("model", run.name)), ("family", model.get("family", "?")),
              ("parameters", f"{model['n_params']:,}" if "n_params" in model else "?"),
@@ -270,8 +273,6 @@ def partial_note(run: RunView) -> str:
 def build_compare(run_folders: list[str | Path], out_path: str | Path) -> Path:
     """Write a cross-model page (Paper III Table 2 layout) for ``run_folders`` to ``out_path`` (never into a run
     folder, where it would overwrite or mix with what the sweep wrote: its report.html above all)."""
-    from .figures import compare_figures
-
     run = enclosing_run(out_path)
     if run is not None:
         raise ReportError(f"--out {out_path} is inside the run folder {run} and would overwrite its files (its "
@@ -328,8 +329,6 @@ def report_main(args: argparse.Namespace) -> int:
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Flags of ``interp-bayes compare RUN [RUN ...] --out FILE``."""
-    from ..core.checks import out_file_arg
-
     parser.add_argument("runs", type=Path, nargs="+", help="run folders to compare, one per model")
     parser.add_argument("--out", type=out_file_arg, required=True, help="HTML file to write")
     return parser

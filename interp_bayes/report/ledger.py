@@ -4,6 +4,7 @@ the terminal, each verdict shown with a colour and a symbol. The rules that give
 
 from __future__ import annotations
 
+# .tables (yaml) is imported inside the function that needs the paper's rows
 import html
 
 from ..stats.ledger import BORDERLINE, FAILS, HOLDS, INSEPARABLE, UNTESTABLE, VERDICTS, WEAK

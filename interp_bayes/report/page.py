@@ -9,6 +9,7 @@ first screen are drawn: what a load-time test waits for.
 
 from __future__ import annotations
 
+# plotly is imported inside the function that packs plotly.js: the page's other helpers do not need it
 import base64
 import gzip
 import html

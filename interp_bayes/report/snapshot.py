@@ -14,16 +14,20 @@ names the markers whose text differs (tests/test_docs.py runs it on docs/).
 
 from __future__ import annotations
 
+# .ledger (scipy) is imported inside the function that writes: `interp-bayes docs --help` imports this module
 import csv
 import io
 import math
 import re
 import string
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError
 from ..core.store import atomic_write_text, read_yaml, write_json
+from ..core.results import to_csv
+from .view import RunView
 
 RESULTS, LEDGER, META, SPEC = "results.csv", "ledger.csv", "snapshot.json", "docs.yaml"
 LEDGER_COLUMNS = ("subject", "key", "claim", "verdict", "evidence")
@@ -35,9 +39,7 @@ AGGREGATES = ("one", "max", "min", "count")
 
 def write_snapshot(run_folder: str | Path, folder: str | Path) -> list[Path]:
     """Write the snapshot files of a finished run into ``folder`` (``docs.yaml`` there is left as it is)."""
-    from ..core.results import to_csv
     from .ledger import collect
-    from .view import RunView
 
     run = RunView.load(run_folder)
     rows = run.rows()
@@ -210,8 +212,6 @@ def quoted(text: str) -> list[tuple[str, str]]:
 
 def docs_main(args) -> int:
     """``interp-bayes docs FILE...``: refill the marked blocks (or, with --check, name those that differ: exit 1)."""
-    import sys
-
     done = []  # every file rendered before any is written: a bad marker anywhere writes nothing
     for path in map(Path, args.files):
         try:

@@ -10,6 +10,8 @@ from pathlib import Path
 from ..core.errors import CacheError, ConfigError, InterpBayesError
 from ..core.results import Row, read_rows
 from ..core.store import content_key, read_json, read_yaml, unseal, warn
+from ..core.plugin import Line
+from ..core.registry import load_kind
 
 
 class ReportError(InterpBayesError, ValueError):
@@ -61,8 +63,6 @@ class ProbeView:
     def kind_object(self):
         """The probe's kind, importing the module its stage recorded (a plugin's file, module or entry point), or
         None when it cannot be loaded here (``load_error`` says which module it needs)."""
-        from ..core.registry import load_kind
-
         try:
             return load_kind(self.kind, self.kind_module, self.kind_from, self.kind_ref)
         except InterpBayesError as err:
@@ -152,8 +152,6 @@ class RunView:
     def summary_by_subject(self) -> list[tuple[str, object]]:
         """(subject, summary line) of every finished probe: the subject is the wind tunnel the probe ran on, as
         its kind says (``Kind.subject``), or "" for the sweep's model."""
-        from ..core.plugin import Line
-
         out = []
         for p in self._probes:
             kind = p.kind_object()

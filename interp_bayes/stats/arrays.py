@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import rankdata
 
 CONSTANT_RTOL = 1e-9  # a spread below this fraction of the values' scale is rounding noise, not variation
 
@@ -24,8 +25,6 @@ def is_constant(x, rtol: float = CONSTANT_RTOL) -> bool:
 def ranks(v) -> np.ndarray:
     """Average ranks of ``v`` with values equal up to rounding tied (``snap``): the one ranking behind every
     Spearman correlation of the toolkit, so one pair gives one rho wherever it is computed."""
-    from scipy.stats import rankdata
-
     return rankdata(snap(as_float64(v)))
 
 

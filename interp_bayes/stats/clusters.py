@@ -10,7 +10,9 @@ best silhouette is against the null draws as drawn (``permutation.p_value``).
 
 from __future__ import annotations
 
+# sklearn is imported inside functions: it takes about a second to load, and only these functions need it
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .arrays import as_float64
 from .pca import standardise
@@ -33,8 +35,6 @@ def _best_silhouette(z: np.ndarray, k_max: int, seed: int) -> tuple[int, float, 
 def cluster_count(x, *, k_max: int = 8, n_null: int = 20, max_rows: int = 1000, seed: int = 0) -> dict:
     """The number of clusters of the rows of ``x`` [n, d] with its Gaussian null (see the module docstring); at most
     ``max_rows`` rows, drawn without replacement by ``seed``, enter the search (silhouettes cost n^2)."""
-    from threadpoolctl import threadpool_limits
-
     x = as_float64(x)
     rng = np.random.default_rng(seed)
     if len(x) > max_rows:
@@ -57,7 +57,6 @@ def cluster_alignment(x, labels: dict[str, np.ndarray], k: int, *, seed: int = 0
     one no closer than chance."""
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score
-    from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
         parts = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(standardise(x))

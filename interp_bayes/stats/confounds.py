@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from . import KINDS, Deconfounded, as_float64, covariate_basis, deconfounded_correlation, fine_strata, residualize
+from ..core.results import Row
 
 CONTINUOUS = ("length",)  # covariates that enter through a spline basis; every other one has one indicator per level
 
@@ -55,8 +56,6 @@ def select_covariates(columns: dict[str, np.ndarray], names) -> np.ndarray:
 def deconfounded_rows(dec: Deconfounded, metric: str, scope: dict, *, stat: str = "spearman") -> list:
     """Tidy rows of a ``Deconfounded``: one per kind (raw, partial, within), each with its null's range, its
     p-value, its residual confounding and the verdict of the claim in the note."""
-    from ..core.results import Row
-
     unit = "rho" if stat == "spearman" else "r"
     verdict = dec.verdict(stat)
     detail = {"raw": "plain correlation", "partial": f"given {', '.join(dec.covariates) or 'no covariate'}",

@@ -10,6 +10,7 @@ SVD shared by every target and penalty).
 
 from __future__ import annotations
 
+# sklearn is imported inside functions: it takes about a second to load, and only these functions need it
 from dataclasses import dataclass
 
 import numpy as np

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from scipy.stats import norm
+
 from ..core.results import Row
 from .permutation import holm
 from .resample import CI_LEVEL
@@ -67,8 +69,6 @@ def detectable(row: Row | None, side: str = "above", power: float = POWER) -> fl
     with probability ``power`` at the toolkit's level: the null's half-range on that side times (z_{1-a/2} +
     z_power) / z_{1-a/2}, the null taken as normal and the effect as a shift of it (half-range 0.171 bits: 0.244
     bits at 80% power). NaN without a finite null."""
-    from scipy.stats import norm
-
     if row is None or not (_finite(row.null_low) and _finite(row.null_high)):
         return float("nan")
     z = norm.isf((1 - CI_LEVEL) / 2)

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 from scipy import stats
+from scipy.linalg import svd
 
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap, interval, is_constant
@@ -37,8 +38,6 @@ def thin_svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     try:
         return np.linalg.svd(x, full_matrices=False)
     except np.linalg.LinAlgError:
-        from scipy.linalg import svd
-
         return svd(x, full_matrices=False, lapack_driver="gesvd")
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap_r2, cross_fitted_ridge, group_ids, group_permutations, interval, permutations, r2
@@ -32,8 +33,6 @@ def belief_probe(acts, posterior, *, groups=None, folds: int = 5, n_shuffles: in
     drawn in batches until the R²'s place against them is settled (``sequential_test``, ``n_shuffles`` the cap),
     their mean and 95% range, the draws used and the test.
     """
-    from threadpoolctl import threadpool_limits
-
     x, y = as_float64(acts), as_float64(posterior)
     if x.ndim != 2 or y.ndim != 2 or len(x) != len(y):
         raise ConfigError(f"belief_probe needs acts [n, d] and posterior [n, H] with the same n; got {x.shape} and "

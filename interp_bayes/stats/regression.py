@@ -10,6 +10,7 @@ variance that still lies between strata (0 when the strata's means are removed e
 
 from __future__ import annotations
 
+# sklearn is imported inside functions: it takes about a second to load, and only these functions need it
 from typing import Callable
 
 import numpy as np

@@ -10,6 +10,7 @@ bootstrapped from per-group sums in one matrix product (``resampled_sums``); any
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from ..core.errors import ConfigError
 from .arrays import as_float64
@@ -129,8 +130,6 @@ def bootstrap_ratio(num, den, groups=None, *, n_boot: int, seed) -> tuple[float,
 def bootstrap(statistic, n: int, groups=None, *, n_boot: int, seed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Percentile bootstrap of ``statistic(row indices) -> [m] numbers`` over resamples of whole groups of the
     ``n`` rows, with ``scipy.stats.bootstrap``: (the bootstrap distribution [n_boot, m], lows [m], highs [m])."""
-    from scipy import stats
-
     g = group_ids(groups, n)
     if len(np.unique(g)) == n:  # every row its own group: the group ids are the rows
         rows_of = None

@@ -26,6 +26,7 @@ prediction equals.
 
 from __future__ import annotations
 
+# datasets is imported inside the one function that builds a Dataset: it takes about a second to load
 import math
 from dataclasses import dataclass
 
