@@ -417,11 +417,11 @@ def test_quiet_silences_every_bar(tiny_dirs, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     loud = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     # the bars exist without --quiet: into a pipe as plain lines, with no carriage return and no bar drawing
-    assert loud.returncode == 0 and "collect: 100% 64/64" in loud.stderr
+    assert loud.returncode == 0 and "read: 100% 64/64" in loud.stderr
     assert "\r" not in loud.stderr + loud.stdout and "%|" not in loud.stderr
     quiet = subprocess.run(cmd + ["--quiet", "--redo", "mixed"], capture_output=True, text=True, env=env,
                            timeout=300)
-    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout and "collect" not in quiet.stderr
+    assert quiet.returncode == 0 and "%|" not in quiet.stderr + quiet.stdout and "read:" not in quiet.stderr
 
 
 def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
