@@ -208,12 +208,7 @@ class Activations:
 
 def logit_entropy_bits(logits: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in bits of softmax(logits) over the last axis, computed from float32 log_softmax."""
-    return _bits(torch.log_softmax(logits.float(), dim=-1))
-
-
-def _bits(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy in bits from log-probabilities over the last axis."""
-    return entropy_of_log_probs(logp)
+    return entropy_of_log_probs(torch.log_softmax(logits.float(), dim=-1))
 
 
 def tokenize(model, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,
@@ -323,9 +318,10 @@ def next_token_entropy(logits: torch.Tensor, labels: torch.Tensor | None,
     over the vocabulary (``logprobs``, the float32 log_softmax, is reused when given), or renormalised over
     ``labels``."""
     if labels is None:
-        return _bits(torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs).cpu(), None
+        logprobs = torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs
+        return entropy_of_log_probs(logprobs).cpu(), None
     lp = torch.log_softmax(logits.float()[:, labels], dim=-1)
-    return _bits(lp).cpu(), lp.cpu()
+    return entropy_of_log_probs(lp).cpu(), lp.cpu()
 
 
 

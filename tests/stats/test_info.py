@@ -51,7 +51,7 @@ def test_entropy_equals_its_former_copies(dtype):
     with np.errstate(divide="ignore", invalid="ignore"):
         same(info.entropy(q), -np.where(q > 0, q * np.log2(q), 0.0).sum(-1))
     lp = log_probs((7, 5, 13), dtype)
-    # model/collect.py _bits, analyses/neurons.py, analyses/mechanisms.py: from log-probabilities
+    # model/read.py next_token_entropy, analyses/neurons.py, analyses/mechanisms.py: from log-probabilities
     same(info.entropy_of_log_probs(lp), -(lp.exp() * lp).sum(-1) / math.log(2.0))
     same(info.entropy_of_log_probs(lp[0, 0]), -(lp[0, 0].exp() * lp[0, 0]).sum() / math.log(2.0))  # neurons, 1-D
     # dynamics/measures.py entropy_nats, and frames.py's entropy_nats(...) / math.log(2)
