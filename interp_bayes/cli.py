@@ -52,7 +52,10 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_arg, help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, "
                                     "else cpu)")
     p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: about 2048 tokens per batch)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster when other jobs share the cores)")
+    p.add_argument("--threads", type=int, help="torch CPU threads of each worker (1 is faster when other jobs share "
+                                               "the cores)")
+    p.add_argument("--workers", type=int, help="processes that compute the probes side by side (default: 2 on a CPU "
+                                               "with 2+ cores where RAM holds the model twice, else 1)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (pytorch_model.bin, *.pt) of a checkpoint without safetensors: only "
                         "for files you trust, since unpickling runs any code they hold")
@@ -73,7 +76,7 @@ def _sweep(args: argparse.Namespace) -> int:
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
     config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts,
                            probes=args.probes, layers=args.layers, seed=args.seed, dtype=args.dtype,
-                           device=args.device, batch_size=args.batch_size, threads=args.threads,
+                           device=args.device, batch_size=args.batch_size, threads=args.threads, workers=args.workers,
                            quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
                            allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:
@@ -123,7 +126,8 @@ def _print_plan(items, config, ref) -> int:
                                   f"{sources.count('reference')} shipped recipe(s) at their reference seconds{paced}"
                                   if "reference" in sources else "",
                                   f"the rest at {est.calibration}" if "throughput" in sources else "", left]))
-    print(f"estimated time: about {est.total / 60:.1f} min" + (f" ({how})" if how else ""))
+    on = f" on {est.workers} worker processes" if est.workers > 1 else ""
+    print(f"estimated time: about {est.total / 60:.1f} min{on}" + (f" ({how})" if how else ""))
     return 0
 
 

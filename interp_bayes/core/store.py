@@ -96,11 +96,13 @@ def _lock_file(folder: Path, name: str) -> int:
 
 
 @contextmanager
-def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None = None, *,
+               wait: bool = True) -> Iterator[bool]:
     """Hold the exclusive lock of one stage of a run folder while it is checked and computed, so that a second
     process on the same cell (a rerun grid, a retried task, a colleague) waits and then finds it cached. The kernel
     releases the lock when its process dies, so a killed worker never blocks a retry. ``on_wait`` is called once
-    when another process holds the lock."""
+    when another process holds the lock. ``wait=False``: do not wait; the block runs without the lock and is given
+    False (a sweep's worker then takes another stage first)."""
     import fcntl
 
     fd = _lock_file(Path(folder), name)
@@ -108,6 +110,9 @@ def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             if on_wait is not None:
                 on_wait()
             while True:  # polled, not blocking: a stop asked meanwhile is honoured (core.stop)
@@ -117,7 +122,7 @@ def stage_lock(folder: str | Path, name: str, on_wait: Callable[[], None] | None
                     break
                 except BlockingIOError:
                     time.sleep(LOCK_POLL_S)
-        yield
+        yield True
     finally:
         os.close(fd)  # releases the lock
 

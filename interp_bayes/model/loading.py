@@ -436,6 +436,17 @@ def memory_needed(n_params: int, dtype: torch.dtype) -> int:
     return device_bytes_needed("cpu", n_params * torch.finfo(dtype).bits // 8)
 
 
+def load_footprint(ref) -> tuple[int, int] | None:
+    """(parameters, bytes of RAM one CPU load needs: ``memory_needed`` at its dtype) of a ``ModelRef``, from its
+    config alone; None when the config cannot be read here (a Hub id offline and not cached)."""
+    try:
+        config = load_config(ref.source, local=ref.local, revision=ref.load_revision)
+    except ModelLoadError:
+        return None
+    n_params = sum(p.numel() for p in _empty_model(config).parameters())
+    return n_params, memory_needed(n_params, getattr(torch, ref.dtype) if ref.dtype else default_dtype(n_params))
+
+
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's, as from_pretrained
 
 

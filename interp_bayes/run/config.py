@@ -19,7 +19,7 @@ from ..model.loading import DEFAULT_MODEL, model_ref
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
 # (recipe overrides, like the probe list, act through each probe's own cache key)
-_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "probes", "overrides", "allow_pickle"}
+_NOT_IN_DIGEST = {"out", "quiet", "device", "batch_size", "threads", "workers", "probes", "overrides", "allow_pickle"}
 
 
 @dataclass
@@ -38,7 +38,10 @@ class SweepConfig:
     dtype: str | None = None  # None: float32 up to ~3B parameters, bfloat16 above
     device: str | None = None
     batch_size: int | None = None  # None: about 2048 tokens per forward pass
-    threads: int | None = None  # torch CPU threads (None: torch's default); 1 is faster on a busy machine
+    threads: int | None = None  # torch CPU threads (None: torch's default; 1 per worker with several workers)
+    # processes the probes run in, each computing whole stages (None: two on a CPU with two or more cores where RAM
+    # holds the model twice, else one; ``run.sweep.sweep_workers``)
+    workers: int | None = None
     quiet: bool = False
     allow_pickle: bool = False  # load pickle weights (pytorch_model.bin, *.pt) when a checkpoint has no safetensors
     # recipe parameters by probe name, merged over the recipe (nested mappings key by key): ``--set probe.key=value``
@@ -63,7 +66,7 @@ class SweepConfig:
         refuse(seed_problem(self.seed), "Config key 'seed' (--seed)", self.seed)
         if self.dtype not in (None, *DTYPES):
             raise bad("dtype", f"one of {', '.join(DTYPES)} (or null for the size-based default)")
-        for name in ("batch_size", "threads"):
+        for name in ("batch_size", "threads", "workers"):
             if getattr(self, name) is not None and (not is_int(getattr(self, name)) or getattr(self, name) < 1):
                 raise bad(name, "a positive integer (or null for the default)")
         if self.device is not None:

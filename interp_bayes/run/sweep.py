@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import html
 import json
+import multiprocessing
+import os
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import psutil
 import torch
 from threadpoolctl import threadpool_limits
 
@@ -37,11 +40,12 @@ from ..core.plugin import Kind, Params, PlanItem
 from ..core.prompts import load_source, package_data_dir
 from ..core.registry import get_kind, provenance
 from ..core.results import Row, records, to_csv, write_rows
-from ..core.stop import check_stop
+from ..core.stop import check_stop, stop_on_signal
 from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
     environment, git_commit, inside, read_json, read_yaml, remove_if_unused, seal, slug, stage_lock, unseal, warn,
     working_in, write_json)
-from ..model.loading import checkpoint_tokenizer, load_config, load_model, load_tokenizer, model_identity, model_info
+from ..model.loading import (checkpoint_tokenizer, load_config, load_model, load_tokenizer, model_identity, model_info,
+                             load_footprint)
 from ..report.html import Report, build_report
 from ..report.view import RunView
 
@@ -446,11 +450,23 @@ class Estimate:
     load: float = 0.0  # seconds to load the sweep's model, measured now: paid once by the probes timed from it
     pace: float | None = None  # this machine's forward against the reference one (``reference_pace``)
 
+    workers: int = 1  # processes the stages run in (``sweep_workers``)
+
     @property
     def total(self) -> float:
-        """The probes' seconds, and the model's load where only forwards time them (a recorded or reference stage
-        holds the load when it was the first to need the model)."""
-        return sum(self.seconds.values()) + (self.load if "throughput" in self.source.values() else 0.0)
+        """The probes' seconds spread over the workers (``makespan``), and the model's load where only forwards time
+        them (a recorded or reference stage holds the load when it was the first to need the model)."""
+        return makespan(self.seconds.values(), self.workers) + \
+            (self.load if "throughput" in self.source.values() else 0.0)
+
+
+def makespan(seconds, workers: int) -> float:
+    """Seconds until ``workers`` processes finish stages of these ``seconds``, each taking the longest stage left
+    when it is free (as ``_compute`` orders them)."""
+    loads = [0.0] * workers
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
 
 
 def calibrate(config: SweepConfig, items: list[PlanItem],
@@ -516,7 +532,8 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
         elif per_forward is not None:
             forwards = sum(i.forwards for i in items if i.probe == item.probe and not i.model)
             seconds[item.probe], source[item.probe] = forwards * per_forward, "throughput"
-    return Estimate(seconds, source, per_forward, calibration, load, pace)
+    workers = sweep_workers(config, ref or config.model_ref(), stages=len(todo))
+    return Estimate(seconds, source, per_forward, calibration, load, pace, workers)
 
 
 def _create(folder: Path) -> Path | None:
@@ -557,7 +574,8 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     """Run (or resume) every probe of ``config`` on its model; returns the run.
 
     model: an already loaded bridge for ``config.model`` (saves a second load in a notebook). redo: probe names to
-    recompute (with their activation sets) even when cached.
+    recompute (with their activation sets) even when cached. With several workers (``sweep_workers``), helper
+    processes compute other stages of the same folder beside this one.
     """
     probes = load_probes(config)
     ref = config.model_ref()  # resolved once: the run's id, its cache keys and its load all use it
@@ -566,12 +584,14 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     say = (lambda *_: None) if config.quiet else print
     ctx = Context(folder, config, say, model, ref=ref)
     check_probes(ctx, probes, redo)  # before anything is written
+    workers = sweep_workers(config, ref, model, stages=sum(p.name in redo or stage_problem(
+        folder / "probes" / p.name, p.key()) is not None for p in probes))
     created = _create(folder)
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
-    finished = 0
+    helpers: list = []
     try:
         # other processes may work on this cell too (stale temp files are removed first)
-        with working_in(folder), cpu_threads(config.threads):
+        with working_in(folder), cpu_threads(config.threads or (1 if workers > 1 else None)):
             # config.yaml and run.json (the report's probe list) describe the last sweep that finished; a failing
             # sweep leaves a finished folder's as they were
             if not (folder / "run.json").exists():
@@ -582,28 +602,9 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 write_json(folder / "env.json", environment(config.seed))
             views_current = (folder / "report.html").exists()
             try:
-                eta = ETA(probes, folder, config.model)
-                for i, probe in enumerate(probes, start=1):
-                    check_stop()
-                    pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
-                    eta.start(i, probe, say)
-                    # under the stage's lock, so that a second process on this cell waits and then finds it cached
-                    with stage_lock(folder, f"probe-{probe.name}",
-                                    lambda: say(f"[waiting] {probe.name}: another process is computing it")):
-                        problem = "" if probe.name in redo else stage_problem(pfolder, probe.key())
-                        if problem:
-                            warn(f"{problem}; recomputing probe {probe.name}.")
-                        if problem is not None:
-                            views_current = False
-                            _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
-                    finished += 1
-                    eta.done(probe, cached=problem is None)
-                    if problem is None:
-                        say(f"[cached] {probe.name}")
-                    else:
-                        run.computed.append(probe.name)
-                        _views(folder)
-                        views_current = True
+                helpers = _start_helpers(config, workers)
+                views_current = _compute(ctx, probes, redo, run, workers) and views_current
+                _join_helpers(helpers)
                 if (folder / "model.json").exists() and _model_json_stale(ctx):
                     say("model.json is damaged or does not match the model: loading it to write it again")
                     _write_model_json(ctx, load=True)
@@ -611,15 +612,117 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 write_json(folder / "run.json", record)
                 views_current = views_current and _record_text(folder) == recorded  # the page shows both
             finally:  # the views show what the folder holds now, however the loop ended
+                _stop_helpers(helpers)
                 if not views_current and _holds_results(folder):
                     _views(folder)
     except BaseException as err:
         if created is not None and not _holds_results(folder):  # a failed first run leaves no trace
             _remove_trace(folder, created)
         if isinstance(err, KeyboardInterrupt):
-            raise SweepInterrupted(finished, len(probes), folder) from None
+            raise SweepInterrupted(sum(1 for p in probes if stage_problem(folder / "probes" / p.name, p.key()) is None),
+                                   len(probes), folder) from None
         raise
     return run
+
+
+WORKER_MIN_PARAMS = 10_000_000  # below this a sweep's stages take seconds, and a second process's start (~5 s) would not pay
+
+
+def sweep_workers(config: SweepConfig, ref: ModelRef, model=None, stages: int = 2) -> int:
+    """Processes a sweep computes its ``stages`` (those not cached) in: ``config.workers``; else two, at one torch
+    thread each, on a CPU with two or more cores, for two or more stages of a model of ``WORKER_MIN_PARAMS`` or more
+    whose two loads fit in free RAM, since two one-thread processes ran SmolLM2's forward passes 1.31x faster than two
+    threads in one (``bench/cores.py``, docs/performance.md); else one (a model passed in, ``threads`` given, a GPU)."""
+    if config.workers is not None:
+        return config.workers
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if model is not None or config.threads is not None or device != "cpu" or (os.cpu_count() or 1) < 2 or stages < 2:
+        return 1
+    footprint = load_footprint(ref)
+    if footprint is None or footprint[0] < WORKER_MIN_PARAMS:
+        return 1
+    return 2 if 2 * footprint[1] <= psutil.virtual_memory().available else 1
+
+
+def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, workers: int,
+             helper: bool = False) -> bool:
+    """Compute every stage of ``probes`` not cached, each under its lock; whether the views were rebuilt after the
+    last stage computed here (``helper``: a helper worker, which speaks of the stages it computes only). With several workers every worker takes the longest stages first (``expected``) and
+    passes over a stage another worker holds, then waits for those at the end (finding them cached)."""
+    folder, say = ctx.folder, ctx.say
+    eta = ETA(probes, folder, ctx.config.model, workers)
+    index = {p.name: i for i, p in enumerate(probes, start=1)}
+    order = probes if workers == 1 else sorted(probes, key=lambda p: -(eta.expected(p.name) or 0.0))
+    views_current, passed = True, []
+    for wait, todo in ((workers == 1, order), (True, passed)):
+        for probe in todo:
+            check_stop()
+            pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
+            # under the stage's lock, so that a second process on this cell waits and then finds it cached
+            with stage_lock(folder, f"probe-{probe.name}", wait=wait,
+                            on_wait=lambda: say(f"[waiting] {probe.name}: another process is computing it")) as held:
+                if not held:
+                    passed.append(probe)
+                    continue
+                problem = "" if probe.name in redo else stage_problem(pfolder, probe.key())
+                if problem is not None or not helper:
+                    eta.start(index[probe.name], probe, say)
+                if problem is None:
+                    eta.done(probe, cached=True)
+                    if probe.name not in eta.cached_at_start:
+                        run.computed.append(probe.name)  # by another worker of this sweep
+                    if not helper:
+                        say(f"[cached] {probe.name}")
+                    continue
+                if problem:
+                    warn(f"{problem}; recomputing probe {probe.name}.")
+                _run_probe(ctx, probe, pfolder, redo=probe.name in redo)
+            eta.done(probe, cached=False)
+            run.computed.append(probe.name)
+            _views(folder)
+            views_current = True
+    return views_current
+
+
+def _start_helpers(config: SweepConfig, workers: int) -> list:
+    """``workers - 1`` helper processes (spawned: a fresh interpreter each) computing stages of the same run."""
+    spawn = multiprocessing.get_context("spawn")
+    helpers = [spawn.Process(target=_helper, args=(asdict(config), workers, i), name=f"worker {i}", daemon=True)
+               for i in range(2, workers + 1)]
+    for h in helpers:
+        h.start()
+    return helpers
+
+
+def _helper(config: dict, workers: int, number: int) -> None:
+    """A helper worker: the sweep's stages, longest first, in its own process at the sweep's threads (1 by default);
+    no progress bars (the first worker's are shown), its lines tagged with its number. It recomputes nothing cached
+    (``--redo`` is the first worker's)."""
+    quiet, config = config["quiet"], SweepConfig.from_dict(dict(config, quiet=True))
+    say = (lambda *_: None) if quiet else (lambda *a: print(f"[worker {number}]", *a, flush=True))
+    try:
+        with stop_on_signal(), cpu_threads(config.threads or 1):
+            ref = config.model_ref()
+            ctx = Context(run_folder(config, ref), config, say, ref=ref)
+            _compute(ctx, load_probes(config), (), Run(ctx.folder, config), workers, helper=True)
+    except KeyboardInterrupt:  # a stop (Ctrl-C reaches every worker; SIGTERM from the first): the first one reports
+        pass
+
+
+def _join_helpers(helpers: list) -> None:
+    """Wait for helpers that have nothing left to compute (their last views), and say if one failed."""
+    for h in helpers:
+        h.join()
+        if h.exitcode != 0:
+            warn(f"sweep {h.name} ended with exit code {h.exitcode}; the first worker computed what it left.")
+
+
+def _stop_helpers(helpers: list) -> None:
+    """Stop helpers still running (the sweep failed or was stopped) at their next safe point, and wait for them."""
+    for h in helpers:
+        if h.is_alive():
+            h.terminate()  # SIGTERM: a stop (core.stop), its stage's temporary folder removed
+        h.join()
 
 
 CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
@@ -642,29 +745,41 @@ class ETA:
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
     same model under ``--out``); one never computed here takes its ``reference_seconds`` times the pace of this run
     (the seconds of the probes it has computed over their reference seconds; 1 before the first), else the mean of
-    the others."""
+    the others. With several workers the rest takes its ``makespan``, and a stage another worker finished (its
+    stage.json there) is no longer left."""
 
-    def __init__(self, probes: list, folder: Path, model: str = "") -> None:
-        self.left, self.reference = {}, {}
+    def __init__(self, probes: list, folder: Path, model: str = "", workers: int = 1) -> None:
+        self.left, self.reference, self.cached_at_start = {}, {}, set()
         for p in probes:
             if stage_problem(folder / "probes" / p.name, p.key()) is None:  # cached
                 self.left[p.name] = 0.0
+                self.cached_at_start.add(p.name)
                 continue
             self.left[p.name] = recorded_seconds(folder, p.name)
             if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:
                 self.reference[p.name] = ref
+        self.folder, self.workers = folder, workers
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
         self.paced = [0.0, 0.0]  # seconds and reference seconds of this run's probes that have a reference
 
-    def remaining(self) -> float | None:
+    def expected(self, name: str) -> float | None:
+        """Seconds probe ``name`` is expected to take (None: unknown)."""
         pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else 1.0
-        left = {n: self.reference[n] * pace if s is None and n in self.reference else s for n, s in self.left.items()}
+        seconds = self.left.get(name)
+        return self.reference[name] * pace if seconds is None and name in self.reference else seconds
+
+    def remaining(self) -> float | None:
+        if self.workers > 1:  # stages another worker finished meanwhile
+            for name in [n for n, s in self.left.items() if s != 0.0]:
+                if (self.folder / "probes" / name / "stage.json").exists():
+                    self.left[name] = 0.0
+        left = {n: self.expected(n) for n in self.left}
         known = [s for s in left.values() if s is not None and s > 0] + self.measured
         if not known:
             return 0.0 if all(s == 0 for s in left.values()) else None
         mean = sum(known) / len(known)
-        return sum(s if s is not None else mean for s in left.values())
+        return makespan([s if s is not None else mean for s in left.values()], self.workers)
 
     def start(self, i: int, probe, say) -> None:
         left = self.remaining()

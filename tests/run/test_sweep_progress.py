@@ -2,6 +2,7 @@
 (unknown on a first run; nothing for probes that are cached)."""
 
 import re
+import pytest
 
 import yaml
 
@@ -124,7 +125,7 @@ def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_
     probes = [load_probe("windtunnel"), load_probe("decoding_windtunnel"), load_probe("keys")]
     eta = ETA(probes, tmp_path / "nothing-here", model="some-model")  # keys: not on a tunnel, not the reference model
     refs = REFERENCE_SECONDS["windtunnel"] + REFERENCE_SECONDS["decoding_windtunnel"]
-    assert eta.remaining() == refs + refs / 2  # keys: the mean of the two others
+    assert eta.remaining() == pytest.approx(refs + refs / 2)  # keys: the mean of the two others
     eta.t_probe -= 3 * REFERENCE_SECONDS["windtunnel"]  # windtunnel took three times its reference
     eta.done(probes[0], cached=False)
     rd, rw = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"]
