@@ -42,6 +42,7 @@ from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, c
     environment, git_commit, inside, read_json, read_yaml, remove_if_unused, seal, slug, stage_lock, unseal, warn,
     working_in, write_json)
 from ..model.loading import checkpoint_tokenizer, load_config, load_model, load_tokenizer, model_identity, model_info
+from ..model.numerics import IEEE, float32_mode
 from ..report.html import Report, build_report
 from ..report.view import RunView
 
@@ -120,6 +121,7 @@ class Context:
         self._tokenizer = None
         self._identity = identity
         self._ref = ref
+        self.float32 = config.float32_mode()  # the numeric mode of the sweep's matrix products, in every set's key
 
     @property
     def ref(self) -> ModelRef:
@@ -166,10 +168,12 @@ class Context:
     def _acts_key(self, digest: str, layers, readings, label_tokens, identity: dict, at: str, positions,
                   logit_ids) -> str:
         # a final-token set's key has no position part: the keys of the sets cached before ``at`` existed still hold
+        # nor, under IEEE float32, a mode part: the keys of the sets cached before the switch hold too
         where = () if at == "final" else (at, positions)
         return content_key(identity, self.config.dtype, digest, sorted(layers), sorted(readings),
                            list(label_tokens) if label_tokens is not None else None, __version__, *where,
-                           *(() if logit_ids is None else ("logits", list(logit_ids))))
+                           *(() if logit_ids is None else ("logits", list(logit_ids))),
+                           *(() if self.float32 == IEEE else ("float32", self.float32)))
 
     def token_ids(self, prompts: Sequence, subject=None) -> list[list[int]]:
         """Token ids of text prompts (the checkpoint's own tokenizer: the sweep model's, or ``subject``'s) or of id
@@ -466,7 +470,7 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
     if not sets:
         return None
     big = max(sets, key=lambda i: i.forwards)
-    with cpu_threads(config.threads):
+    with cpu_threads(config.threads), float32_mode(config.float32_mode()):
         t = time.perf_counter()
         model = load_model(ref or config.model_ref(), device=config.device, allow_pickle=config.allow_pickle)
         load = time.perf_counter() - t
@@ -571,7 +575,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     finished = 0
     try:
         # other processes may work on this cell too (stale temp files are removed first)
-        with working_in(folder), cpu_threads(config.threads):
+        with working_in(folder), cpu_threads(config.threads), float32_mode(ctx.float32):
             # config.yaml and run.json (the report's probe list) describe the last sweep that finished; a failing
             # sweep leaves a finished folder's as they were
             if not (folder / "run.json").exists():
@@ -579,7 +583,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 write_json(folder / "run.json", record)
             recorded = _record_text(folder)
             if not (folder / "env.json").exists():
-                write_json(folder / "env.json", environment(config.seed))
+                write_json(folder / "env.json", dict(environment(config.seed), float32=ctx.float32))
             views_current = (folder / "report.html").exists()
             try:
                 eta = ETA(probes, folder, config.model)
