@@ -2,6 +2,8 @@
 and restores torch's oneDNN precision, the mode in the run's id and the activation sets' keys, the command line's
 check, and the error model of the mode (``model.testing.float32_mode_bound``)."""
 
+import json
+
 import pytest
 import torch
 
@@ -141,3 +143,27 @@ def test_a_linear_layer_under_the_fast_path_is_within_its_bound():
     abs_sum = x.double().abs() @ w.double().abs().T
     bound = float32_mode_bound(896, abs_sum, lam=float32_lambda(exact.numel()), mode=ONEDNN)
     assert ((got - exact).abs() <= bound).all()
+
+
+def test_a_sweep_computes_in_the_mode_it_records(cpu, tiny_dirs, tmp_path, monkeypatch):
+    """Where auto takes oneDNN's path (detection set to an AVX-512 CPU without AMX), every stage runs with torch's
+    oneDNN precision at bf16, env.json says so, the setting is restored after the sweep, and the run folder is not
+    the IEEE run's."""
+    import yaml
+
+    from interp_bayes.run import sweep
+
+    cpu(ZEN5)
+    recipe = tmp_path / "keys.yaml"
+    recipe.write_text(yaml.safe_dump(dict(kind="keys", n_null=10)))
+    seen = []
+    run_probe = sweep._run_probe
+    monkeypatch.setattr(sweep, "_run_probe", lambda *a, **kw: (
+        seen.append(torch.backends.mkldnn.matmul.fp32_precision), run_probe(*a, **kw)))
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
+                         probes=[str(recipe)])
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    run = sweep.run_sweep(config)
+    assert seen == ["bf16"] and torch.backends.mkldnn.matmul.fp32_precision == before
+    assert json.loads((run.folder / "env.json").read_text())["float32"] == ONEDNN
+    assert run.folder != sweep.run_folder(config.override(float32="ieee"))
