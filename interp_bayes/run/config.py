@@ -90,7 +90,7 @@ class SweepConfig:
         """The model resolved (``model.loading.model_ref``): a run calls this once and passes the result on."""
         return model_ref(self.model, self.revision, self.dtype)
 
-    def float32_mode(self) -> str:
+    def float32_resolved(self) -> str:
         """The numeric mode ``float32`` resolves to on this machine and device (``model.numerics``)."""
         return resolve_float32(self.float32, self.device)
 
@@ -104,7 +104,7 @@ class SweepConfig:
                              "not this config's model; pass config.model_ref().")
         d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST | {"model", "revision", "float32"}}
         d["model"] = ref.identity
-        if (mode := self.float32_mode()) != IEEE:  # absent under IEEE: the ids of runs before the switch hold
+        if (mode := self.float32_resolved()) != IEEE:  # absent under IEEE: the ids of runs before the switch hold
             d["float32"] = mode
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 

@@ -121,7 +121,7 @@ class Context:
         self._tokenizer = None
         self._identity = identity
         self._ref = ref
-        self.float32 = config.float32_mode()  # the numeric mode of the sweep's matrix products, in every set's key
+        self.float32 = config.float32_resolved()  # the numeric mode of the sweep's matrix products, in every set's key
 
     @property
     def ref(self) -> ModelRef:
@@ -470,7 +470,7 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
     if not sets:
         return None
     big = max(sets, key=lambda i: i.forwards)
-    with cpu_threads(config.threads), float32_mode(config.float32_mode()):
+    with cpu_threads(config.threads), float32_mode(config.float32_resolved()):
         t = time.perf_counter()
         model = load_model(ref or config.model_ref(), device=config.device, allow_pickle=config.allow_pickle)
         load = time.perf_counter() - t
