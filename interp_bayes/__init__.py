@@ -25,6 +25,7 @@ _EXPORTS = {  # what a notebook needs (README.md, docs/ and examples/ use these)
     "model.edits": ["AxisCut", "AxisOnly", "AxisSet", "AxisShift", "SubspaceCut", "SubspaceOnly", "intervene"],
     "model.loading": ["checkpoint_tokenizer", "list_models", "model_info"],
     "model.native": ["run_native_when_unobserved"],
+    "model.numerics": ["float32_mode"],
     "model.read": ["Activations", "read"],
     "report.html": ["build_report"],
     "run.config": ["SweepConfig"],

@@ -49,6 +49,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
                                              "control axes (0 to 2**32-1; default 0)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: float32 up to ~3B parameters, bfloat16 above)")
+    p.add_argument("--float32", choices=["auto", "ieee", "fast"],
+                   help="float32 matrix products on the CPU: ieee (strict), fast (oneDNN's path), or auto (default: "
+                        "fast where oneDNN keeps float32 arithmetic; docs/performance.md, Numeric modes)")
     p.add_argument("--device", type=device_arg, help="torch device of the model: cpu, cuda, cuda:1, mps (default: cuda when available, "
                                     "else cpu)")
     p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: about 2048 tokens per batch)")
@@ -76,7 +79,8 @@ def _sweep(args: argparse.Namespace) -> int:
     base = SweepConfig.from_yaml(args.config) if args.config else SweepConfig()
     config = base.override(model=args.model, revision=args.revision, out=args.out, prompts=args.prompts,
                            probes=args.probes, layers=args.layers, seed=args.seed, dtype=args.dtype,
-                           device=args.device, batch_size=args.batch_size, threads=args.threads, workers=args.workers,
+                           float32=args.float32, device=args.device, batch_size=args.batch_size, threads=args.threads,
+                           workers=args.workers,
                            quiet=True if args.quiet else None, overrides=parse_set(list(args.assignments)),
                            allow_pickle=True if args.allow_pickle else None)
     if args.dry_run:

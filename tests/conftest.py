@@ -5,6 +5,9 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# strict IEEE float32 for the whole suite, sweeps in subprocesses included, so that no comparison changes on a CPU
+# where --float32 auto would take oneDNN's path; a test that wants that path selects it (model.numerics)
+os.environ["INTERP_BAYES_FLOAT32"] = "ieee"
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from interp_bayes.model.testing import TINY_FAMILIES, make_tiny_model
 FIXTURES = Path(__file__).resolve().parent / "data"  # the fixtures every test folder reads
 
 torch.set_num_threads(1)  # two shared cores: keep tests from fighting over them
+torch.backends.mkldnn.matmul.fp32_precision = torch.backends.mkldnn.conv.fp32_precision = "ieee"
 
 
 @pytest.fixture(scope="session")

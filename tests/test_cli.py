@@ -67,6 +67,7 @@ def test_sweep_writes_run_folder_and_resumes(tiny_dirs, tmp_path, small_probes, 
     assert shuffled.value == 1.0 and shuffled.unit == "bits"
     env = json.loads((folder / "env.json").read_text())
     assert env["seed"] == 0 and env["packages"]["transformers"]
+    assert env["float32"] == "ieee"  # the mode that ran: conftest pins IEEE, so auto resolves to it on any CPU
     assert yaml.safe_load((folder / "config.yaml").read_text())["prompts"] == "basic"
     printed = capsys.readouterr().out
     # the terminal ends with the claims ledger (one line a claim), not the table of every number

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ConfigError
+from .numerics import IEEE, ONEDNN, onednn_rounds_to_bf16
 
 TINY_FAMILIES = ("pythia", "phi2", "llama3", "mistral", "gpt2")
 POST_NORM_FAMILIES = ("gemma2", "gemma3")  # a norm after the MLP (post_feedforward_layernorm); not in every fixture
@@ -170,6 +171,27 @@ def float32_bound(k: int, abs_sum, *, lam: float):
     whose absolute values sum to ``abs_sum`` (a number or a tensor of them): lam * sqrt(2) * u * sqrt(2k) * abs_sum
     (the model above)."""
     return lam * 2 * U32 * math.sqrt(k) * abs_sum
+
+
+U_BF16 = 2.0 ** -9  # bfloat16 unit roundoff (8 significant bits): what an input rounded to bfloat16 may lose
+
+
+def float32_mode_bound(k: int, abs_sum, *, lam: float, mode: str = IEEE, bf16_inputs: bool | None = None):
+    """Bound on |a - b| for one sum of ``k`` products whose absolute values sum to ``abs_sum``, ``a`` computed under
+    the numeric mode ``mode`` (``model.numerics``: ``ieee`` or ``onednn-bf16``), ``b`` under IEEE float32.
+
+    Under ``onednn-bf16`` oneDNN keeps float32 unless the CPU has AMX (``bf16_inputs`` None: this CPU's answer): its
+    kernel then rounds as any float32 kernel does, in its own order, and the bound is ``float32_bound`` (issue 37
+    measured a largest relative error of 7.5e-7 against float64 there, and 3.7e-7 under IEEE: float32 rounding both).
+    Where it rounds both inputs of every product to bfloat16 (AMX; the product of two bfloat16 numbers is exact in
+    float32), the term t = a b becomes t (1 + d_a) (1 + d_b), |d| <= U_BF16: two more independent roundings of size
+    U_BF16 |t| per term, hence (the model above) at most lam * sqrt(2) * U_BF16 * sqrt(sum t^2) <= lam * sqrt(2) *
+    U_BF16 * abs_sum more."""
+    if mode not in (IEEE, ONEDNN):
+        raise ValueError(f"mode must be {IEEE!r} or {ONEDNN!r}, not {mode!r}")
+    bound = float32_bound(k, abs_sum, lam=lam)
+    rounds = onednn_rounds_to_bf16() if bf16_inputs is None else bf16_inputs
+    return bound + lam * math.sqrt(2) * U_BF16 * abs_sum if mode == ONEDNN and rounds else bound
 
 
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm, torch.bmm,

@@ -15,6 +15,7 @@ from ..core.model_ref import ModelRef
 from ..core.plugin import is_int
 from ..core.store import parse_yaml, read_yaml
 from ..model.loading import DEFAULT_MODEL, model_ref
+from ..model.numerics import IEEE, REQUESTS, resolve_float32
 
 # fields that do not change any number a run computes, so they do not enter its id; the probe list is left out too,
 # so that adding a probe reuses the run folder and everything already collected in it
@@ -36,6 +37,9 @@ class SweepConfig:
     layers: list[int] = field(default_factory=lambda: [-1])
     seed: int = 0
     dtype: str | None = None  # None: float32 up to ~3B parameters, bfloat16 above
+    # float32 matrix products on the CPU: auto (oneDNN's path where it keeps float32 and is faster), ieee or fast;
+    # the mode it resolves to enters the run's id (``digest``) and its activation sets' keys (model.numerics)
+    float32: str = "auto"
     device: str | None = None
     batch_size: int | None = None  # None: about 2048 tokens per forward pass
     threads: int | None = None  # torch CPU threads (None: torch's default; 1 per worker with several workers)
@@ -66,6 +70,8 @@ class SweepConfig:
         refuse(seed_problem(self.seed), "Config key 'seed' (--seed)", self.seed)
         if self.dtype not in (None, *DTYPES):
             raise bad("dtype", f"one of {', '.join(DTYPES)} (or null for the size-based default)")
+        if self.float32 not in REQUESTS:
+            raise bad("float32", f"one of {', '.join(REQUESTS)}")
         for name in ("batch_size", "threads", "workers"):
             if getattr(self, name) is not None and (not is_int(getattr(self, name)) or getattr(self, name) < 1):
                 raise bad(name, "a positive integer (or null for the default)")
@@ -87,6 +93,10 @@ class SweepConfig:
         """The model resolved (``model.loading.model_ref``): a run calls this once and passes the result on."""
         return model_ref(self.model, self.revision, self.dtype)
 
+    def float32_resolved(self) -> str:
+        """The numeric mode ``float32`` resolves to on this machine and device (``model.numerics``)."""
+        return resolve_float32(self.float32, self.device)
+
     def digest(self, ref: ModelRef | None = None) -> str:
         """Short hash of what determines results: the run id, so a rerun finds its own folder. The model enters by
         its resolved identity (``ref``, else ``model_ref()`` now), so an alias, a relative path, an absolute path and
@@ -95,8 +105,10 @@ class SweepConfig:
         if (ref.name, ref.revision, ref.dtype) != (self.model, self.revision, self.dtype):
             raise ValueError(f"The model reference {ref.name!r} (revision {ref.revision!r}, dtype {ref.dtype!r}) is "
                              "not this config's model; pass config.model_ref().")
-        d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST | {"model", "revision"}}
+        d = {k: v for k, v in asdict(self).items() if k not in _NOT_IN_DIGEST | {"model", "revision", "float32"}}
         d["model"] = ref.identity
+        if (mode := self.float32_resolved()) != IEEE:  # absent under IEEE: the ids of runs before the switch hold
+            d["float32"] = mode
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
     def to_yaml(self) -> str:

@@ -46,6 +46,7 @@ from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, c
     working_in, write_json)
 from ..model.loading import (checkpoint_tokenizer, load_config, load_model, load_tokenizer, model_identity, model_info,
                              load_footprint)
+from ..model.numerics import IEEE, float32_mode
 from ..report.html import Report, build_report
 from ..report.view import RunView
 
@@ -124,6 +125,7 @@ class Context:
         self._tokenizer = None
         self._identity = identity
         self._ref = ref
+        self.float32 = config.float32_resolved()  # the numeric mode of the sweep's matrix products, in every set's key
 
     @property
     def ref(self) -> ModelRef:
@@ -170,10 +172,12 @@ class Context:
     def _acts_key(self, digest: str, layers, readings, label_tokens, identity: dict, at: str, positions,
                   logit_ids) -> str:
         # a final-token set's key has no position part: the keys of the sets cached before ``at`` existed still hold
+        # nor, under IEEE float32, a mode part: the keys of the sets cached before the switch hold too
         where = () if at == "final" else (at, positions)
         return content_key(identity, self.config.dtype, digest, sorted(layers), sorted(readings),
                            list(label_tokens) if label_tokens is not None else None, __version__, *where,
-                           *(() if logit_ids is None else ("logits", list(logit_ids))))
+                           *(() if logit_ids is None else ("logits", list(logit_ids))),
+                           *(() if self.float32 == IEEE else ("float32", self.float32)))
 
     def token_ids(self, prompts: Sequence, subject=None) -> list[list[int]]:
         """Token ids of text prompts (the checkpoint's own tokenizer: the sweep model's, or ``subject``'s) or of id
@@ -482,7 +486,9 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
     if not sets:
         return None
     big = max(sets, key=lambda i: i.forwards)
-    with cpu_threads(config.threads):
+    # at the threads of one of the sweep's workers, as its reference seconds were measured
+    workers = sweep_workers(config, ref or config.model_ref(), stages=len({i.probe for i in items if not i.cached}))
+    with cpu_threads(worker_threads(config, workers)), float32_mode(config.float32_resolved()):
         t = time.perf_counter()
         model = load_model(ref or config.model_ref(), device=config.device, allow_pickle=config.allow_pickle)
         load = time.perf_counter() - t
@@ -591,7 +597,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
     helpers: list = []
     try:
         # other processes may work on this cell too (stale temp files are removed first)
-        with working_in(folder), cpu_threads(config.threads or (1 if workers > 1 else None)):
+        with working_in(folder), cpu_threads(worker_threads(config, workers)), float32_mode(ctx.float32):
             # config.yaml and run.json (the report's probe list) describe the last sweep that finished; a failing
             # sweep leaves a finished folder's as they were
             if not (folder / "run.json").exists():
@@ -599,7 +605,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> R
                 write_json(folder / "run.json", record)
             recorded = _record_text(folder)
             if not (folder / "env.json").exists():
-                write_json(folder / "env.json", environment(config.seed))
+                write_json(folder / "env.json", dict(environment(config.seed), float32=ctx.float32))
             views_current = (folder / "report.html").exists()
             try:
                 helpers = _start_helpers(config, workers)
@@ -642,6 +648,11 @@ def sweep_workers(config: SweepConfig, ref: ModelRef, model=None, stages: int = 
     if footprint is None or footprint[0] < WORKER_MIN_PARAMS:
         return 1
     return 2 if 2 * footprint[1] <= psutil.virtual_memory().available else 1
+
+
+def worker_threads(config: SweepConfig, workers: int) -> int | None:
+    """torch threads of each worker: the config's, else one beside other workers (None: torch's default)."""
+    return config.threads or (1 if workers > 1 else None)
 
 
 def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, workers: int,
@@ -701,9 +712,9 @@ def _helper(config: dict, workers: int, number: int) -> None:
     quiet, config = config["quiet"], SweepConfig.from_dict(dict(config, quiet=True))
     say = (lambda *_: None) if quiet else (lambda *a: print(f"[worker {number}]", *a, flush=True))
     try:
-        with stop_on_signal(), cpu_threads(config.threads or 1):
-            ref = config.model_ref()
-            ctx = Context(run_folder(config, ref), config, say, ref=ref)
+        ref = config.model_ref()
+        ctx = Context(run_folder(config, ref), config, say, ref=ref)
+        with stop_on_signal(), cpu_threads(worker_threads(config, workers)), float32_mode(ctx.float32):
             _compute(ctx, load_probes(config), (), Run(ctx.folder, config), workers, helper=True)
     except KeyboardInterrupt:  # a stop (Ctrl-C reaches every worker; SIGTERM from the first): the first one reports
         pass

@@ -127,3 +127,25 @@ def test_sweep_killed_mid_run_resumes_without_recomputing(sweep_setup, tmp_path)
     leftovers = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                        if p.name.startswith(".") or p.name.endswith(".tmp"))
     assert leftovers == [], f"temporary files left: {leftovers} (at kill time: {leftovers_at_kill})"
+
+
+def test_two_workers_compute_each_stage_once_with_the_results_of_one(sweep_setup, tmp_path):
+    """``--workers 2``: a helper process computes stages of the same folder beside the first worker; every stage is
+    computed once (by one of them: the other passes over it while held and finds it cached) and the results equal a
+    one-worker run's byte for byte (timing aside)."""
+    model, probes = sweep_setup
+    two = subprocess.run([*_command(model, tmp_path / "two", probes)[:-1], "--workers", "2"], env=ENV,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert two.returncode == 0, two.stderr
+    one = subprocess.run([*_command(model, tmp_path / "one", probes), "--workers", "1"], env=ENV,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert one.returncode == 0, one.stderr
+    done = [line.removeprefix("[worker 2] ").split()[1] for line in two.stdout.splitlines()
+            if line.removeprefix("[worker 2] ").startswith("[done] ")]
+    assert sorted(done) == sorted(PROBES), two.stdout  # each stage computed once, by one worker
+    (folder_two,), (folder_one,) = (tmp_path / "two").glob("*/*"), (tmp_path / "one").glob("*/*")
+    assert folder_two.name == folder_one.name  # workers do not enter the run's id
+    got, want = _results(folder_two), _results(folder_one)
+    assert sorted(got) == sorted(want)
+    for rel in want:
+        assert got[rel] == want[rel], f"{rel} differs between two workers and one"

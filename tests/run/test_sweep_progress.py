@@ -131,3 +131,25 @@ def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_
     rd, rw = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"]
     # decoding_windtunnel at the pace of three; keys the mean of that and windtunnel's measured time
     assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)
+
+
+def test_workers_take_the_longest_stage_first_and_the_estimate_their_makespan(tiny_dirs, monkeypatch):
+    """Two workers by default only where they pay: on a CPU with two or more cores, for two or more stages of a
+    model of ``WORKER_MIN_PARAMS`` or more whose two loads fit in RAM; ``workers`` or ``threads`` given win."""
+    import interp_bayes.run.sweep as sweep
+
+    assert sweep.makespan([5, 4, 3, 3, 1], 2) == 8  # 5+3 | 4+3+1
+    assert sweep.makespan([5, 4, 3], 1) == 12 and sweep.makespan([], 2) == 0
+    config = SweepConfig(model=str(tiny_dirs["llama3"]))
+    ref = config.model_ref()
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sweep.torch.cuda, "is_available", lambda: False)
+    assert sweep.sweep_workers(config, ref) == 1  # a tiny model: a second process would not pay
+    monkeypatch.setattr(sweep, "WORKER_MIN_PARAMS", 1)
+    assert sweep.sweep_workers(config, ref) == 2
+    assert sweep.sweep_workers(config, ref, stages=1) == 1
+    assert sweep.sweep_workers(config.override(threads=2), ref) == 1
+    assert sweep.sweep_workers(config.override(workers=3), ref) == 3
+    assert sweep.sweep_workers(config, ref, model=object()) == 1
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 1)
+    assert sweep.sweep_workers(config, ref) == 1
