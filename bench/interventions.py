@@ -70,9 +70,9 @@ def protocol(model, name: str, seed: int = 0) -> dict:
     # the activation cache lives in a fresh temporary folder: the name identifies the model there
     ctx = Context(Path(tempfile.mkdtemp(prefix="bench-interventions-")), SweepConfig(model=name, seed=seed, quiet=True),
                   lambda *_: None, model=model, identity=dict(bench=name))
-    per_k, task_seed = 50, 42
+    per_k, task_seed, split_seed = 50, 42, 0  # the recipe's
     acts, cols = sula(ctx, "main", per_k, task_seed, "spread5")
-    fit_idx, eval_idx = split_by_k(cols["k"], seed)
+    fit_idx, eval_idx = split_by_k(cols["k"], split_seed)
     layer_sets = {spec: ctx.layers(spec) for spec in ("middle", "spread5")}
     layers = sorted({x for s in layer_sets.values() for x in s})
     axes = {layer: fit_entropy_axis(acts, layer, "pc1", subset=fit_idx, folds=0, seed=seed) for layer in layers}

@@ -337,15 +337,49 @@ def test_the_manifold_sample_is_the_recipes_and_the_run_seed_draws_only_the_null
     assert zero == one and zero["a"] != zero["b"]
 
 
+@pytest.mark.parametrize("kind, params, model", [
+    ("interventions", dict(layer_sets=[[-1]], per_k=4, layers=[1]), "mistral"),
+    ("windtunnel", dict(tunnel="bijection-cpu", n_sequences=6, n_boot=20, n_null=10, n_perm=20), "llama3"),
+])
+def test_the_interventions_split_is_the_recipes_and_the_run_seed_draws_only_the_controls(tiny_dirs, tmp_path,
+                                                                                         kind, params, model):
+    """The fit / evaluation halves of an interventions protocol are drawn with the recipe's ``split_seed``: --seed 1
+    fits the same axis (its sigma) and evaluates on the same prompts (the unedited and the true cut's calibration) as
+    --seed 0, against other matched control axes; another split seed draws other halves."""
+    base = dict(kind=kind, ops=["cut"], controls=dict(isotropic=0, matched=2, pcs=0), **params)
+    probes = write_probes(tmp_path / "p", {"a.yaml": base, "b.yaml": dict(base, split_seed=7)})
+
+    def sweep(seed):
+        rows = run_sweep(SweepConfig(model=str(tiny_dirs[model]), out=str(tmp_path / f"s{seed}"), quiet=True,
+                                     probes=probes, seed=seed)).rows
+        return {p: [r for r in rows if r.probe == p] for p in "ab"}
+
+    def numbers(rows):
+        cut = dict(op="cut", measure="mae_k_ge_1")
+        return dict(sigma=[r.value for r in select(rows, "axis_sigma")],
+                    baseline=find(rows, "mae_k_ge_1", condition="baseline").value,
+                    true=find(rows, "effect", family="true", **cut).value,
+                    matched=find(rows, "effect", family="matched", **cut).value)
+
+    zero, one = sweep(0), sweep(1)
+    a0, a1, b0 = numbers(zero["a"]), numbers(one["a"]), numbers(zero["b"])
+    assert (a1["sigma"], a1["baseline"], a1["true"]) == (a0["sigma"], a0["baseline"], a0["true"])
+    assert a1["matched"] != a0["matched"]  # the control axes are the run seed's
+    assert b0["sigma"] != a0["sigma"] and b0["baseline"] != a0["baseline"]  # the split is the recipe's
+
+
 def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
     probes = write_probes(tmp_path / "p", {"iv.yaml": dict(kind="interventions", layer_sets=[[-1]],
                                                            ops=["cut", "shift+"], controls=dict(isotropic=2, matched=2,
                                                                                                 pcs=1),
                                                            per_k=4, layers=[1])})
-    run = run_sweep(SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path), quiet=True, probes=probes))
+    config = SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path), quiet=True, probes=probes)
+    planned = [i for i in plan_sweep(config) if i.probe == "iv" and "edited and unedited runs" in i.what]
+    run = run_sweep(config)
     rows = run.rows
-    # two unperturbed runs: one with the true edits and the PC, one with the single batch of random controls
-    assert find(rows, "forward_prompts").value == (2 + 2 * 6) * 10
+    # two unperturbed runs: one with the true edits and the PC, one with the single batch of random controls; every
+    # family drawn to its cap here, so the dry run's "at most" is exact
+    assert find(rows, "forward_prompts").value == (2 + 2 * 6) * 10 == planned[0].forwards
     effects = select(rows, "effect", measure="mae_k_ge_1")
     assert {r.scope["op"] for r in effects} == {"cut", "shift+"}
     assert {r.scope["family"] for r in effects} == {"true", "isotropic", "matched", "pcs"}

@@ -1,7 +1,8 @@
 """Paper III's causal test on the SULA task: cut / only / +-1 sigma shift of the entropy axis at a middle layer
 alone (so later layers show the geometry downstream of the edit) and at five evenly spaced layers ending at the last
-(each with its own axis), against control axes. The axes are fitted on half of the prompts (half of every k) and
-the edits evaluated on the other half (``fit: in_sample`` fits on the evaluation half itself, as the paper did)."""
+(each with its own axis), against control axes. The axes are fitted on half of the prompts (half of every k, drawn
+with the recipe's ``split_seed``) and the edits evaluated on the other half (``fit: in_sample`` fits on the
+evaluation half itself, as the paper did)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ class InterventionsParams(Params):
     controls: dict = field(default_factory=lambda: {"isotropic": 3, "matched": 3, "pcs": 1})  # family -> draws (a cap)
     per_k: int = 50
     seed: int = 42  # the SULA prompt draws
+    # the fit / evaluation halves (``split_by_k``): a recipe's data, fixed whatever the run's --seed, which draws only
+    # the control axes, the resample ablation's donors and the bootstraps (0: the split --seed 0 drew before)
+    split_seed: int = 0
     layers: tuple[int, ...] | str = SULA_LAYERS
     axis_control: tuple[str, ...] = ()  # covariates of a conditional axis (e.g. [length, k, log_k]); () = plain axis
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded baseline geometry
@@ -150,7 +154,7 @@ def run(ctx, p: InterventionsParams) -> Result:
 
     edits = EditProtocol(layer_sets(ctx, p.layer_sets), p.ops, p.controls, ctx.config.seed)
     acts, cols = sula(ctx, "main", p.per_k, p.seed, p.layers)
-    fit_idx, eval_idx = split_by_k(cols["k"], ctx.config.seed)
+    fit_idx, eval_idx = split_by_k(cols["k"], p.split_seed)
     if p.fit == "in_sample":
         fit_idx = eval_idx
     _, ids = sula_task(ctx, p.per_k)
@@ -160,10 +164,17 @@ def run(ctx, p: InterventionsParams) -> Result:
 
 
 def plan(ctx, p: InterventionsParams) -> list:
+    from ..analyses.controls import RANDOM_FAMILIES
+    from ..analyses.interventions import CONTROL_BATCH
+    from ..model.edits import ONMANIFOLD_OPS
+
     items = plan_sula(ctx, "interventions", ["main"], p.per_k, p.seed, p.layers)
     # at most: the random control families stop once the true edit's rank among them is settled (their counts are
-    # caps), at the cost of one unperturbed run per batch of controls
-    n_runs = 1 + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values()))
+    # caps), at the cost of one unperturbed run per call of ``edited_runs`` (the true edits and PCs, then a batch of
+    # random controls at a time up to the largest cap), and one run reads the on-manifold ablations' values
+    cap = max((n for fam, n in p.controls.items() if fam in RANDOM_FAMILIES), default=0)
+    n_runs = (1 + -(-cap // CONTROL_BATCH) + any(op in ONMANIFOLD_OPS for op in p.ops)
+              + len(p.layer_sets) * len(p.ops) * (1 + sum(p.controls.values())))
     n_eval = 5 * p.per_k - 5 * p.per_k // 2
     items.append(PlanItem("interventions", f"at most {n_runs} edited and unedited runs of ~{n_eval} prompts", False,
                           n_runs * n_eval, sample=items[0].sample))  # the runs' prompts are SULA prompts
