@@ -14,7 +14,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extract import MAX_LEN, MIN_LEN, bench_prompts  # noqa: E402  (bench/ is no package)
+from extract import MAX_LEN, MIN_LEN, bench_prompts, interleaved  # noqa: E402  (bench/ is no package)
 
 
 def main() -> None:
@@ -48,18 +47,7 @@ def main() -> None:
     for b in range(len(groups)):  # warm-up, and the same readings both ways
         with_dist, alone = runs["distribution"](b), runs["alone"](b)
         assert all(torch.equal(alone.reading("v", layer), with_dist.reading("v", layer)) for layer in layers)
-    times: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in runs}, "cpu": {k: [] for k in runs}}
-    for _ in range(args.repeats):
-        total = {clock: dict.fromkeys(runs, 0.0) for clock in times}
-        for b in range(len(groups)):
-            for name, fn in runs.items():
-                wall, cpu = time.perf_counter(), time.process_time()
-                fn(b)
-                total["wall"][name] += time.perf_counter() - wall
-                total["cpu"][name] += time.process_time() - cpu
-        for clock in times:
-            for name in runs:
-                times[clock][name].append(total[clock][name])
+    times = interleaved(runs, len(groups), args.repeats)
     print(f"{args.model}: values at layers {layers} of {model.cfg.n_layers}, every position of {len(prompts)} prompts "
           f"({MIN_LEN}-{MAX_LEN} tokens) in {len(groups)} equal-length batches, {args.threads} thread(s), "
           f"{args.repeats} repeats, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
