@@ -43,6 +43,7 @@ sweep: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/extract.py $(ARGS)
+	$(PY) bench/token_values.py
 	$(PY) bench/interventions.py
 	$(PY) bench/neurons.py
 	$(PY) bench/windtunnel.py

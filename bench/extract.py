@@ -44,6 +44,25 @@ def bench_prompts(tokenizer) -> list[list[int]]:
     return out
 
 
+def interleaved(runs: dict, n_batches: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Per clock ("wall", "cpu") and run, the time of each repeat: ``runs[name](b)`` for every batch b, the runs
+    alternating batch by batch, so that the machine's load, which drifts within seconds on a shared host, hits every
+    run alike."""
+    times: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in runs}, "cpu": {k: [] for k in runs}}
+    for _ in range(repeats):
+        total = {clock: dict.fromkeys(runs, 0.0) for clock in times}
+        for b in range(n_batches):
+            for name, fn in runs.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                fn(b)
+                total["wall"][name] += time.perf_counter() - wall
+                total["cpu"][name] += time.process_time() - cpu
+        for clock in times:
+            for name in runs:
+                times[clock][name].append(total[clock][name])
+    return times
+
+
 def peak_rss_mb() -> float:
     """This process's peak RSS (VmHWM). Not ru_maxrss: that one survives exec, so a child started from a large
     parent reports the parent's size."""
@@ -114,24 +133,11 @@ def main() -> None:
             "bridge": lambda b: final_logits(model, batches[b]),  # what collect's forward costs before collect adds
             **{impl: lambda b, hf=hf: hf(batches[b], logits_to_keep=1, use_cache=False)  # collect keeps no cache
                for impl, hf in baselines.items()}}
-    times: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in runs}, "cpu": {k: [] for k in runs}}
     with torch.no_grad():
         for b in range(len(batches)):  # warm-up
             for fn in runs.values():
                 fn(b)
-        # Alternate batch by batch (collect too runs one equal-length batch per call, its per-call work included),
-        # so that the machine's load, which drifts within seconds on a shared host, hits every variant alike.
-        for _ in range(args.repeats):
-            total = {clock: dict.fromkeys(runs, 0.0) for clock in times}
-            for b in range(len(batches)):
-                for name, fn in runs.items():
-                    wall, cpu = time.perf_counter(), time.process_time()
-                    fn(b)
-                    total["wall"][name] += time.perf_counter() - wall
-                    total["cpu"][name] += time.process_time() - cpu
-            for clock in times:
-                for name in runs:
-                    times[clock][name].append(total[clock][name])
+        times = interleaved(runs, len(batches), args.repeats)  # collect too runs one batch per call
     print(f"prompts {len(prompts)} ({MIN_LEN}-{MAX_LEN} tokens) in {len(batches)} equal-length batches, "
           f"{args.threads} threads, {args.repeats} repeats, load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")

@@ -312,22 +312,14 @@ def model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_
     v_hook = reading_hook("v", layer)
     for j, rows in enumerate(batches):
         ids = torch.tensor([token_ids[i] for i in rows], device=device)
-        # the clean pass of the batch, capturing the residual entering ``start``: ``read`` keeps the value vectors;
-        # a residual site is the captured block output itself, from a whole forward (``read``'s final-position tail
-        # would round the last block's output at the final position otherwise)
+        # the clean pass of the batch: ``read`` keeps the site's vectors (blocks up to the site, whole), and the
+        # residual entering ``start`` is captured for the replays
         with capture_residuals(model, [start]) as store:
-            if reading == "v":
-                vec = read(model, ids, [(layer, "v")], batch_size=len(rows)).reading("v", layer)
-            else:
-                with torch.no_grad():
-                    final_logits(model, ids)
-        res = store.get(start)
-        captured.append(res)
-        if reading == "resid":
-            vec = (res[0] if isinstance(res, tuple) else res)[:, -1]
+            vec = read(model, ids, [(layer, reading)], batch_size=len(rows), distribution=False).reading(reading, layer)
+        captured.append(store.get(start))
         if h.shape[1] == 0:
             h = torch.empty(len(token_ids), vec.shape[1])
-        h[torch.as_tensor(rows)] = vec.float().cpu()
+        h[torch.as_tensor(rows)] = vec
         for p, i in enumerate(rows.tolist()):
             where[i] = (j, p)
 
@@ -349,7 +341,7 @@ def model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_
                 return torch.cat([act[:, :-1], new.reshape(act.shape[0], 1, *act.shape[2:]).to(act.dtype)], 1)
             hooks = [(v_hook, swap)] + hooks
         replay = None if res is None else ((hidden, *res[1:]) if isinstance(res, tuple) else hidden)
-        with replay_prefix(model, start, replay), model.hooks(fwd_hooks=hooks):
+        with replay_prefix(model, start, replay), model.hooks(fwd_hooks=hooks):  # an edit: the new site vectors
             logits = final_logits(model, ids)
         return torch.log_softmax(logits.float()[:, labels], dim=-1).cpu()
 

@@ -1,13 +1,11 @@
-"""Beliefs about a Gaussian (Sarfati et al. 2026): calibration of a model's predictive, where the posterior's mean
-and spread are decodable, and whether the belief states lie on a curved manifold.
+"""Beliefs about a Gaussian (Sarfati et al. 2026): calibration of a model's predictive and whether the belief states
+lie on a curved manifold (where the posterior's mean and spread are decodable: ``stats.probe.scalar_probes``).
 
 - ``predictive_calibration``: the model's next-number distribution (renormalised over the number tokens) against
   the exact discretised predictive: KL(exact || model) in bits, and the predictive mean and sd of each, per number
   of observations n and pooled; intervals are percentile bootstraps over sequences (the unit of independence),
   the KL's null is the model's predictive of another sequence with the same n (is the prediction specific to the
   numbers shown?), the correlations' null permutes within n.
-- ``belief_decoding``: held-out R^2 of the toolkit's cross-fitted ridge (``windtunnel.kalman.belief_probe``: folds
-  of whole sequences, a permutation null), raw and within n.
 - ``manifold_curvature``: the linear dimension of the states (PCA of the standardised readings: components for
   90% / 95% of the variance, participation ratio) against a nonlinear one (Isomap; Tenenbaum et al. 2000): the
   residual variance 1 - r^2 between the distances a d-dimensional embedding keeps and the distances it should keep
@@ -104,15 +102,6 @@ def calibration_table(kl, kl_permuted, pairs: dict[str, tuple], *, groups, strat
                              exact=float(exact_v[sel].mean()))
         out[level] = res
     return out
-
-
-def belief_decoding(x, targets: dict[str, Any], *, groups, strata, folds: int = 5, n_null: int = 1000,
-                    seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Held-out R^2 of each belief summary from the readings ``x`` [N, dim] (raw, and within stratum), folds of
-    whole ``groups``: the Kalman tunnel's probe (``windtunnel.kalman.belief_probe``), the one copy."""
-    from ..windtunnel.kalman import belief_probe
-
-    return belief_probe(x, targets, groups=groups, strata=strata, folds=folds, n_null=n_null, seed=seed)
 
 
 def _distances(x: np.ndarray) -> np.ndarray:

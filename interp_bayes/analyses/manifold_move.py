@@ -233,7 +233,7 @@ def kalman_move(bridge, task, *, layer: int, n_sequences: int = 200, seed: int =
                 return act
 
             feats = batch.features[seq[rows[at]]]
-            with bridge.hooks(fwd_hooks=[(hook, write)]):
+            with bridge.hooks(fwd_hooks=[(hook, write)]):  # an edit (the state written), read by ``read``
                 got = read(bridge, Sequences(qpos[t:t + 1], features=feats), (), "queries",
                            logit_ids=task.readout_ids, batch_size=len(feats))
             mu, chol = gaussian_head(got.logits.double(), task.state_dim)
@@ -265,7 +265,7 @@ def token_readout(model, prompts: list, layer: int, summarize: Callable[[torch.T
             return act
 
         hooks = [] if state is None else [(reading_hook("resid", layer), write)]
-        with model.hooks(fwd_hooks=hooks):
+        with model.hooks(fwd_hooks=hooks):  # an edit (the state written), read by ``read``
             return read(model, [token_ids[i]], (), "final", keep_logprobs=True).logprobs[0]
 
     def bucketed(lp: torch.Tensor) -> torch.Tensor:

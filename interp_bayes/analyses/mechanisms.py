@@ -170,6 +170,7 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
 
     base = run(nullcontext())
     edits = []
+    # edits: the neurons' mean ablation, the axis operators
     plan = [(m, kind, draw, model.hooks(fwd_hooks=[(act_name("post", idx), ablation_hook(s, means[s]))]),
              dict(neurons=s)) for m, kind, draw, s in neuron_sets] + \
         [(m, kind, draw, intervene(model, {axis.layer: op}), {})

@@ -115,6 +115,7 @@ def final_norm_run(model, prompts, *, layer: int = -1, label_tokens: Sequence[in
     hooks = [(act_name("scale"), keep("scale")), (act_name("post", idx), keep("post")),
              (module_input("ln_final"), keep("resid"))] + ([(module_input("ln2_post", idx), keep("mlp_out"))]
                                                            if post_norm and keep_head_inputs else [])
+    # not ``model.read``: the scale hook is an edit (the clean run takes the frozen runs' edit path); readings ride it
     with _quiet_scale_edits(), model.hooks(fwd_hooks=hooks):
         for b in batches:
             ids = torch.tensor([token_ids[i] for i in b], device=device)
@@ -153,7 +154,7 @@ def ablation_hook(neurons: Sequence[int], values: torch.Tensor):
 def _head(model, resid: torch.Tensor, scale_hook) -> torch.Tensor:
     """Logits from a final residual through the model's own final norm (its scale via ``scale_hook``) and
     unembedding, before any soft cap (``_softcap``)."""
-    with model.hooks(fwd_hooks=[(act_name("scale"), scale_hook)]):
+    with model.hooks(fwd_hooks=[(act_name("scale"), scale_hook)]):  # an edit: the scale set by scale_hook
         return model.unembed(model.ln_final(resid))
 
 
@@ -166,7 +167,7 @@ def _softcap(model, z: torch.Tensor) -> torch.Tensor:
 
 def _scale_of(model, resid: torch.Tensor) -> torch.Tensor:
     """The final norm's scale of ``resid`` ([..., 1]), from the model's own norm."""
-    seen = {}
+    seen = {}  # a reading of one module on a given residual, not of a forward pass over inputs (``model.read``)
     with model.hooks(fwd_hooks=[(act_name("scale"), lambda t, hook: seen.__setitem__("scale", t.detach()))]):
         model.ln_final(resid)
     return seen["scale"]
@@ -295,7 +296,7 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
                                          ("direct", lambda t, hook, s=frozen: s.clone())):
                     full = None
                     if not head_only or (step == 0 and j == neurons[0]):  # the shortcut is checked once
-                        with model.hooks(fwd_hooks=[ablate, (act_name("scale"), scale_hook)]):
+                        with model.hooks(fwd_hooks=[ablate, (act_name("scale"), scale_hook)]):  # edits
                             full = model(ids)
                     if head_only:
                         logits = head.logits(j, means[j] - act[..., j], resid, z0, frozen,

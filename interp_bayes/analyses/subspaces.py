@@ -60,7 +60,8 @@ def top_rows(m: np.ndarray, k: int) -> np.ndarray:
 
 def every_position(model, batch: TaskBatch, layer: int, site: str) -> tuple[np.ndarray, np.ndarray]:
     """(activations [n * T, dim] at every position of ``batch``, the token at each row [n * T]), sequence-major."""
-    x = as_float64(read(model, batch, [(layer, site)], "all", batch_size=QUERY_BATCH).reading(site, layer))
+    x = as_float64(read(model, batch, [(layer, site)], "all", batch_size=QUERY_BATCH, distribution=False
+                        ).reading(site, layer))
     return x, batch.input_ids.reshape(-1).numpy()
 
 
@@ -103,7 +104,8 @@ def subspace_rows(model, task, *, site: str = "v", layers: list[int] | None = No
     layers = list(range(model.cfg.n_layers)) if layers is None else [layer_index(x, model.cfg.n_layers) for x in layers]
     fit, ev = task.sample(n_fit, seed=[seed, 0]), task.sample(n_eval, seed=[seed, 1])
     hyp, H = task.hypothesis_ids, len(task.hypothesis_ids)
-    x_fit = read(model, fit, sites_of(layers, (site,)), "queries", batch_size=QUERY_BATCH).readings[site]
+    x_fit = read(model, fit, sites_of(layers, (site,)), "queries", batch_size=QUERY_BATCH,
+                 distribution=False).readings[site]
     post_fit = fit.posterior.double().reshape(-1, H).numpy()
 
     def run(edits: dict | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -23,10 +23,11 @@ from ..core.registry import register
 from ..core.results import Row, select
 from .common import check_folds
 from .windtunnel import TunnelParams, load_windtunnel_task
-from ..analyses.gaussian import belief_decoding, manifold_curvature, normal_calibration, predictive_calibration
+from ..analyses.gaussian import manifold_curvature, normal_calibration, predictive_calibration
 from ..core.figures import layout
 from ..core.layers import resolve_layers
 from ..stats import ledger as L
+from ..stats.probe import scalar_probes
 from ..tasks.gaussian import GaussianTask, number_token_ids
 from ..windtunnel.kalman import kalman_readings
 from ..windtunnel.tunnels import tunnel_config
@@ -122,8 +123,8 @@ def run(ctx, p: GaussianParams) -> Result:
                             *m["r_null"], "permuted within n", res["n"]))
     geometry = {}
     for layer, x in data["readings"].items():
-        dec = belief_decoding(x, data["targets"], groups=groups, strata=strata, folds=p.folds, n_null=p.n_null,
-                              seed=ctx.config.seed)
+        dec = scalar_probes(x, data["targets"], groups=groups, strata=strata, folds=p.folds, n_null=p.n_null,
+                            seed=ctx.config.seed)
         for target, res in dec.items():
             for adjust, key in (("raw", "raw"), ("within n", "within")):
                 r = res[key]

@@ -44,8 +44,9 @@ def token_values(model, prompts, layers: Sequence[int], *, site: str = "v",
                  batch_size: int | None = None) -> dict[int, list[torch.Tensor]]:
     """Per layer, every prompt's reading at ``site`` at every position: [len_i, dim] float32 on the CPU (heads
     concatenated), for edits that set per-prompt values (``model.edits.onmanifold_op``): ``read(..., at="all")``
-    split by prompt. Keyed by ``layers`` as spelled (negative: from the end)."""
-    acts = read(model, prompts, [(layer, site) for layer in layers], "all", batch_size=batch_size)
+    split by prompt, without the next-token distribution. Keyed by ``layers`` as spelled (negative: from the end)."""
+    acts = read(model, prompts, [(layer, site) for layer in layers], "all", batch_size=batch_size,
+                distribution=False)
     lengths = np.bincount(acts.groups).tolist()  # rows per prompt
     return {layer: list(acts.reading(site, layer).split(lengths)) for layer in layers}
 
@@ -57,7 +58,7 @@ QUERY_READINGS = (*PROBE_READINGS, "resid_pre")  # what query_readings can read 
 def query_readings(model, batch, *, layers: list[int] | None = None, readings: tuple[str, ...] = ("resid",),
                    batch_size: int = 250) -> dict[str, dict[int, torch.Tensor]]:
     """Activations at every query position of ``batch`` (a ``TaskBatch``), one forward pass per chunk of
-    ``batch_size`` sequences: ``read(model, batch, ..., at="queries").readings``.
+    ``batch_size`` sequences: ``read(model, batch, ..., at="queries", distribution=False).readings``.
 
     Returns ``{reading: {layer: [n * Q, dim] float32}}``, rows in sequence-major order (row i * Q + q is sequence
     i, query q), heads concatenated as in ``collect``. ``readings``: any of ``"resid"`` (after the block),
@@ -67,4 +68,5 @@ def query_readings(model, batch, *, layers: list[int] | None = None, readings: t
     if unknown:
         raise ConfigError(f"Unknown probe reading(s) {sorted(unknown)}; choose from {', '.join(QUERY_READINGS)}.")
     layers = resolve_layers(layers, model.cfg.n_layers, range(model.cfg.n_layers))
-    return read(model, batch, sites_of(layers, readings), "queries", batch_size=batch_size).readings
+    return read(model, batch, sites_of(layers, readings), "queries", batch_size=batch_size,
+                distribution=False).readings

@@ -80,13 +80,14 @@ class Activations:
     ``"all"``): then its ``token_ids`` are the prefix ending there (empty for continuous inputs), and ``groups`` the
     sequence it comes from. ``readings[name][layer]`` is ``[n_rows, dim]`` float32 (layers stored non-negative; look
     them up with ``values(-1)`` style negative indices). ``entropy`` is in bits, over the full vocabulary or
-    renormalised over ``meta['label_tokens']``; ``label_logprobs`` ([n_rows, n_labels], natural log, renormalised)
+    renormalised over ``meta['label_tokens']`` (None, like ``next_token``, for readings alone:
+    ``read(distribution=False)``); ``label_logprobs`` ([n_rows, n_labels], natural log, renormalised)
     is set when label tokens were given, ``logits`` ([n_rows, len(meta['logit_ids'])], the model's dtype) when logit
     ids were.
     """
 
     readings: dict[str, dict[int, torch.Tensor]]
-    entropy: torch.Tensor  # [n_prompts] bits
+    entropy: torch.Tensor | None  # [n_prompts] bits
     token_ids: list[list[int]]
     meta: dict
     label_logprobs: torch.Tensor | None = None
@@ -138,9 +139,10 @@ class Activations:
 
         ratios, _, scores = pca(self.values(layer))
         texts = self.meta.get("texts") or [f"prompt {i}" for i in range(len(self))]
-        fig = go.Figure(go.Scatter(
-            x=scores[:, 0], y=scores[:, 1], mode="markers", text=[html.escape(t[:100]) for t in texts],
-            marker=dict(color=self.entropy.numpy(), colorscale="Viridis", colorbar=dict(title="entropy (bits)"))))
+        marker = {} if self.entropy is None else dict(color=self.entropy.numpy(), colorscale="Viridis",
+                                                      colorbar=dict(title="entropy (bits)"))
+        fig = go.Figure(go.Scatter(x=scores[:, 0], y=scores[:, 1], mode="markers",
+                                   text=[html.escape(t[:100]) for t in texts], marker=marker))
         return fig.update_layout(template="plotly_white", xaxis_title=f"PC1 ({ratios[0]:.1%})",
                                  yaxis_title=f"PC2 ({ratios[1]:.1%})",
                                  title=f"{self.meta['model']['name']}: values at layer {self.layer_index(layer)}")
@@ -148,9 +150,10 @@ class Activations:
     def _repr_html_(self) -> str:
         m = self.meta
         dims = ", ".join(f"{name}: {t[self.layers[-1]].shape[1]}" for name, t in self.readings.items())
+        entropy = ("no next-token distribution" if self.entropy is None else
+                   f"entropy over the {m['entropy_over']} (bits), mean {self.entropy.mean():.3f}")
         return (f"<b>Activations</b> of {html.escape(str(m['model']['name']))}: {len(self)} prompts, layers "
-                f"{m['layers']}, dims ({dims}), entropy over the {m['entropy_over']} (bits), mean "
-                f"{self.entropy.mean():.3f}")
+                f"{m['layers']}, dims ({dims}), {entropy}")
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/activations.safetensors`` and ``path/activations.json`` (atomically)."""
@@ -162,7 +165,8 @@ class Activations:
         path.mkdir(parents=True, exist_ok=True)
         (path / MANIFEST).unlink(missing_ok=True)  # an overwritten set is incomplete until sealed again
         tensors = {f"{name}.{layer}": t.contiguous() for name, by_layer in self.readings.items() for layer, t in by_layer.items()}
-        tensors["entropy"] = self.entropy
+        if self.entropy is not None:
+            tensors["entropy"] = self.entropy
         flat = [t for ids in self.token_ids for t in ids]
         tensors["token_ids"] = torch.tensor(flat, dtype=torch.int64)
         tensors["token_lengths"] = torch.tensor([len(ids) for ids in self.token_ids], dtype=torch.int64)
@@ -193,7 +197,7 @@ class Activations:
         flat = tensors.pop("token_ids").tolist()
         offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
         token_ids = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-        entropy = tensors.pop("entropy")
+        entropy = tensors.pop("entropy", None)
         label_logprobs = tensors.pop("label_logprobs", None)
         next_token = tensors.pop("next_token", None)
         groups = tensors.pop("groups", None)
@@ -456,6 +460,7 @@ def read(
     batch_size: int | None = None,
     prepend_bos: bool | None = None,
     keep_logprobs: bool = False,
+    distribution: bool = True,
     progress: bool = False,
 ) -> Activations:
     """Run ``inputs`` through ``model`` and keep the readings at ``sites`` and the next-token distribution, one row
@@ -477,6 +482,12 @@ def read(
     At ``"final"`` only the final position is computed where nothing else is needed: the unembedding, and the last
     block's attention output projection and MLP (``final_position_tail``; hooks of the caller on those see the final
     position only). Elsewhere the whole forward runs.
+
+    ``distribution=False``: the readings alone, for callers that do not use the next-token distribution (no
+    entropy, next token, label log-probabilities or logits: ``acts.entropy`` and ``acts.next_token`` are None).
+    Blocks up to the deepest site then run whole at every position and the forward stops after it (TransformerLens's
+    ``stop_at_layer``; the toolkit's own LSTM / MLP tunnels, which have none, run on and unembed the final position
+    only), so the readings are those of a whole forward, bit for bit.
     """
     from ..core.progress import progress_bar
 
@@ -487,6 +498,9 @@ def read(
     unknown = {name for _, name in sites} - set(REDUCTIONS)
     if unknown:
         raise ValueError(f"Unknown reading(s) {sorted(unknown)}; choose from {sorted(REDUCTIONS)}.")
+    if not distribution and (not sites or label_tokens is not None or logit_ids is not None or keep_logprobs):
+        raise ValueError("read(distribution=False) keeps readings alone: give it sites, and no label_tokens, "
+                         "logit_ids or keep_logprobs (those read the next-token distribution).")
     rows, lengths, meta, batches = _chunks(model, inputs, at, batch_size, prepend_bos)
     device = next(model.parameters()).device
     labels = torch.tensor(list(label_tokens), device=device) if label_tokens is not None else None
@@ -494,8 +508,9 @@ def read(
 
     n = len(rows)
     out: dict[str, dict[int, torch.Tensor]] = {name: {} for _, name in sites}
-    entropy = torch.empty(n)
-    next_token = torch.empty(n, dtype=torch.int64)
+    entropy = torch.empty(n) if distribution else None
+    next_token = torch.empty(n, dtype=torch.int64) if distribution else None
+    stop = None if distribution else max(layer for layer, _ in sites) + 1  # readings alone: blocks before stop
     label_logprobs = torch.empty(n, len(labels)) if labels is not None else None
     logprobs = logits_kept = None
     current: dict[tuple[str, int], torch.Tensor] = {}
@@ -503,8 +518,11 @@ def read(
     for index, context, pos in batches:
         check_stop()
         hooks = [hook for layer, name in sites for hook in reading_hooks((name,), (layer,), current, pos)]
-        with context as ids, model.hooks(fwd_hooks=hooks + (final_position_tail(model) if pos is None else [])):
-            if pos is None:
+        tail = final_position_tail(model) if pos is None and distribution else []
+        with context as ids, model.hooks(fwd_hooks=hooks + tail):
+            if not distribution:
+                model(ids, stop_at_layer=stop if stop < n_layers else None, logits_to_keep=1, use_cache=False)
+            elif pos is None:
                 logits = final_logits(model, ids)  # [b, vocab]
             else:
                 logits = model(ids)[:, pos.to(device)]
@@ -512,6 +530,9 @@ def read(
         for (name, layer), t in checked(current, index.tolist()).items():
             out[name].setdefault(layer, torch.empty(n, t.shape[1]))[index] = t
         current.clear()
+        bar.update(len(index) // (1 if pos is None else len(pos)))
+        if not distribution:
+            continue
         next_token[index] = logits.argmax(-1).cpu()
         logp = torch.log_softmax(logits.float(), dim=-1) if keep_logprobs or labels is None else None
         if keep_logprobs:
@@ -525,9 +546,8 @@ def read(
         entropy[index], lp = next_token_entropy(logits, labels, logp)
         if lp is not None:
             label_logprobs[index] = lp
-        bar.update(len(index) // (1 if pos is None else len(pos)))
     bar.close()
-    if not torch.isfinite(entropy).all():
+    if entropy is not None and not torch.isfinite(entropy).all():
         raise NonFiniteActivationError("Non-finite next-token entropy (the final layer's logits); check the dtype "
                                        "(try float32) or the model weights.")
 
@@ -538,7 +558,8 @@ def read(
         n_heads=cfg.n_heads, n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, d_head=cfg.d_head,
         label_tokens=list(map(int, label_tokens)) if label_tokens is not None else None,
         logit_ids=list(map(int, logit_ids)) if logit_ids is not None else None,
-        entropy_over="labels" if labels is not None else "vocabulary", entropy_unit="bits", n_prompts=n, at=at,
+        entropy_over=None if not distribution else "labels" if labels is not None else "vocabulary",
+        entropy_unit="bits", n_prompts=n, at=at,
         **meta)
     acts = Activations(out, entropy, rows, meta, label_logprobs, next_token, logprobs, logits=logits_kept)
     if at != "final":  # the positions of a sequence are not independent: it is the unit

@@ -32,8 +32,7 @@ from torch import nn
 from ..core.errors import ConfigError
 from ..core.layers import resolve_layers
 from ..stats.sequential import ACCEPT, BATCH, REJECT
-from ..stats import (as_float64, beyond_each, bootstrap_mean_draws, centre_within, cross_fitted_ridge,
-                     permutations, r2, sequential_test)
+from ..stats import as_float64, beyond_each, bootstrap_mean_draws
 from ..stats.info import LN2, gaussian_kl
 from ..tasks.kalman import (KalmanBatch, KalmanTask, gaussian_entropy_bits, gaussian_kl_bits, gaussian_w2,
                             window_filter)
@@ -243,7 +242,7 @@ def kalman_readings(
     columns)``: a ``model.read.Activations`` whose ``entropy`` is the model's Gaussian entropy in bits (so
     ``manifold_report``, ``fit_entropy_axis`` and ``attention_focusing`` take it as they are), and float64 columns
     ``sequence``, ``k`` (step, 1-based), ``bayes_entropy`` (bits), ``bayes_logdet`` (ln det P_t), ``bayes_mean``
-    [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``belief_probe`` and calibration.
+    [N, d] (m_t), ``model_mean`` [N, d] and ``model_logdet`` for ``stats.probe.scalar_probes`` and calibration.
     """
     layer_idx = resolve_layers(layers, bridge.cfg.n_layers, "all")
     batch = task.sample(n_sequences, seed=seed)
@@ -263,46 +262,3 @@ def kalman_readings(
         bayes_mean=as_float64(batch.mean).reshape(-1, d), model_mean=as_float64(model_mean).reshape(-1, d),
         model_logdet=as_float64(torch.linalg.slogdet(model_cov).logabsdet).reshape(-1))
     return acts, columns
-
-
-def held_out_r2(x: np.ndarray, y: np.ndarray, folds: int, seed: int, groups=None) -> np.ndarray:
-    """R^2 of cross-fitted predictions of each column of y [N, k] from x [N, dim]: the toolkit's ridge
-    (``stats.cross_fitted_ridge``, a penalty per column), folds of whole ``groups`` (the sequences)."""
-    pred, = cross_fitted_ridge(x, [y], groups, folds=folds, seed=seed, per_target=True)
-    return r2(y, pred)
-
-
-def belief_probe(x, targets: dict[str, Any], *, groups=None, strata=None, folds: int = 5, n_null: int = 1000,
-                 seed: int = 0) -> dict[str, dict[str, Any]]:
-    """How much of each belief summary a layer's readings carry linearly: held-out R^2 of a cross-fitted ridge
-    regression of each target (e.g. m_t components, ln det P_t) on ``x`` [N, dim], beside a permutation null.
-
-    ``groups``: the sequence of each row (``kalman_readings``'s ``sequence`` column): folds hold whole sequences,
-    so no step of a held-out sequence is fitted on its other steps. With ``strata`` (e.g. the step k) the same is
-    also reported within stratum: x and target centred per stratum, null permuted within stratum, so a target that
-    moves with position is not credited to a position code. Null: permutations of the target, drawn in batches
-    until the R²'s place against them is settled (``stats.sequential_test``, two-sided, ``n_null`` the cap;
-    permutation i is the same whatever the batches); ``null``: the 95% range of the draws used, ``test`` the
-    decision with its draws."""
-    x = as_float64(x)
-    rng = np.random.default_rng(seed)
-    variants = {"raw": (x, None)}
-    if strata is not None:
-        strata = np.asarray(strata)
-        variants["within"] = (centre_within(x, strata), strata)
-    out: dict[str, dict[str, Any]] = {}
-    for name, target in targets.items():
-        res: dict[str, Any] = {"n": int(len(x)), "folds": folds, "n_null": n_null}
-        for variant, (xv, by) in variants.items():
-            y = as_float64(target) if by is None else centre_within(as_float64(target), by)
-            perms = permutations(len(y), n_null, rng, by)
-            observed = float(held_out_r2(xv, y[:, None], folds, seed, groups)[0])
-            used = [0]
-
-            def draw(b, xv=xv, y=y, perms=perms, used=used):
-                used[0] += b
-                return held_out_r2(xv, y[perms[used[0] - b:used[0]]].T, folds, seed, groups)
-            test = sequential_test(draw, observed, cap=n_null, batch=min(BATCH, n_null))
-            res[variant] = dict(r2_held_out=observed, null=list(test.null), test=test.as_dict())
-        out[name] = res
-    return out

@@ -105,7 +105,8 @@ def former_take_snapshot(model, batch, hypothesis_ids):
 
 
 def former_model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_size=None):
-    """``analyses.causal.model_site`` with its own value-vector hook, as it was."""
+    """``analyses.causal.model_site`` with its own value-vector hook and its residual site read off the capture, as it
+    was."""
     from interp_bayes.analyses.causal import Site
     from interp_bayes.model.prefix import capture_residuals, replay_prefix
     from interp_bayes.model.read import final_position_tail
@@ -253,6 +254,29 @@ def test_rows_at_every_position_are_prefixes_read_at_their_final_token(tiny):
     torch.testing.assert_close(alone.entropy[0], acts.entropy[row])
 
 
+def test_readings_alone_are_those_of_a_whole_forward(tiny):
+    """``read(distribution=False)`` computes no next-token distribution and stops after the deepest site's block,
+    which runs whole: its readings equal, bit for bit, those beside the distribution at every position, and at the
+    final token the whole forward's rows at each prompt's last position; blocks past the deepest site never run."""
+    bridge, _, _ = tiny
+    last = bridge.cfg.n_layers - 1
+    for sites in ([(0, "v"), (0, "resid")], sites_of([0, last], ("v", "z", "resid", "attn_entropy"))):
+        whole = read(bridge, PROMPTS, sites, "all", batch_size=3)
+        alone = read(bridge, PROMPTS, sites, "all", batch_size=3, distribution=False)
+        final = read(bridge, PROMPTS, sites, "final", batch_size=3, distribution=False)
+        ends = np.cumsum(np.bincount(whole.groups)) - 1  # each prompt's last row
+        for layer, name in sites:
+            assert torch.equal(alone.reading(name, layer), whole.reading(name, layer)), (name, layer)
+            assert torch.equal(final.reading(name, layer), whole.reading(name, layer)[ends]), (name, layer)
+        assert alone.entropy is None and alone.next_token is None and final.meta["entropy_over"] is None
+    fired = []
+    with bridge.hooks(fwd_hooks=[(reading_hook("resid", last), lambda act, hook: fired.append(hook.name))]):
+        read(bridge, PROMPTS, [(0, "v")], distribution=False)
+        assert not fired
+        read(bridge, PROMPTS, [(0, "v")])
+    assert fired  # the hook is live: only the stop kept it from firing
+
+
 def test_bad_input_is_refused_with_one_sentence(tiny):
     bridge, _, _ = tiny
     with pytest.raises(ValueError, match="Unknown read position 'last'"):
@@ -261,6 +285,11 @@ def test_bad_input_is_refused_with_one_sentence(tiny):
         read(bridge, PROMPTS, at="queries")
     with pytest.raises(ValueError, match=r"Unknown reading\(s\) \['q'\]"):
         read(bridge, PROMPTS, [(0, "q")])
+    for kw in (dict(label_tokens=[1, 2]), dict(logit_ids=[1]), dict(keep_logprobs=True)):
+        with pytest.raises(ValueError, match=r"read\(distribution=False\) keeps readings alone"):
+            read(bridge, PROMPTS, [(0, "v")], distribution=False, **kw)
+    with pytest.raises(ValueError, match="give it sites"):
+        read(bridge, PROMPTS, (), distribution=False)
 
 
 def test_logits_and_groups_survive_save_and_load(tmp_path):
@@ -335,9 +364,10 @@ def test_frame_snapshot_equals_the_former_run_with_cache(name):
 
 
 @pytest.mark.parametrize("reading", ["v", "resid"])
-def test_causal_site_equals_the_former_value_hook(tiny, reading):
-    """``analyses.causal.model_site``'s clean pass reads the value vectors through ``read``: the site's vectors, its
-    clean log-probabilities and an interchange at every layer equal the former hook's, bit for bit."""
+def test_causal_site_equals_the_former_hooks(tiny, reading):
+    """``analyses.causal.model_site``'s clean pass reads its site, values or residual stream, through ``read``
+    (readings alone): the site's vectors, its clean log-probabilities and an interchange at every layer equal the
+    former value hook's and residual capture's, bit for bit."""
     from interp_bayes.analyses.causal import model_site
 
     bridge, _, _ = tiny

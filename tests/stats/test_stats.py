@@ -17,7 +17,7 @@ from interp_bayes.stats import deconfounded_correlation, fine_strata
 from interp_bayes.analyses.decoding import cross_fitted_decoding, decoding_curve
 from interp_bayes.core.errors import ConfigError
 from interp_bayes.model.read import Activations
-from interp_bayes.windtunnel.kalman import held_out_r2
+from interp_bayes.stats.probe import held_out_r2
 
 torch.set_num_threads(1)
 ALPHA = 1 - stats.CI_LEVEL

@@ -28,7 +28,6 @@ from interp_bayes.tasks.kalman import (
 from interp_bayes.windtunnel.configs import build_mlp, build_transformer, make_config, make_task, n_params
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.windtunnel.kalman import (
-    belief_probe,
     continuous_inputs,
     gaussian_head,
     head_outputs,
@@ -310,23 +309,6 @@ def test_readings_at_each_step_equal_the_prefix_runs_final_position(tmp_path):
                                    -torch.special.xlogy(p, p).sum(-1) / math.log(2), atol=1e-5, rtol=0)
         _, chol = gaussian_head(logits[0, -1, task.readout_ids].double(), task.state_dim)
         assert acts.entropy[r].item() == pytest.approx(gaussian_entropy_bits(chol @ chol.mT).item(), abs=1e-4)
-
-
-def test_belief_probe_finds_linear_targets_and_separates_position_codes():
-    rng = np.random.default_rng(0)
-    strata = np.repeat(np.arange(8), 50)
-    x = np.column_stack([rng.standard_normal((400, 16)), strata])  # readings that also carry the stratum
-    linear = x[:, :3] @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.standard_normal(400)
-    by_position = strata + 0.3 * rng.standard_normal(400)  # moves with the stratum, not with the readings
-    res = belief_probe(x, {"linear": linear, "noise": rng.standard_normal(400), "position": by_position},
-                       strata=strata, n_null=1000, seed=1)
-    assert res["linear"]["raw"]["r2_held_out"] > 0.95 and res["linear"]["within"]["r2_held_out"] > 0.95
-    assert res["linear"]["raw"]["null"][1] < 0.1
-    assert res["linear"]["raw"]["test"]["decision"] == "reject" and res["linear"]["raw"]["test"]["draws"] < 1000
-    assert res["noise"]["raw"]["test"]["decision"] == "accept" and res["noise"]["raw"]["test"]["draws"] == 50
-    assert res["noise"]["raw"]["r2_held_out"] < res["noise"]["raw"]["null"][1] + 0.02
-    assert res["position"]["raw"]["r2_held_out"] > 0.9  # read off the position code ...
-    assert res["position"]["within"]["r2_held_out"] < res["position"]["within"]["null"][1] + 0.02  # ... only
 
 
 def test_tiny_training_reduces_the_loss_well_below_its_start(tmp_path):
