@@ -16,8 +16,8 @@ finished). Either way the driver shows one bar of cells, every cell appends its 
 
 from __future__ import annotations
 
-# the sweep and the loader (torch, ~2 s), pandas and Ray are imported inside the functions that run cells or build a
-# table: ``interp-bayes grid --help`` and reading a grid file load none of them
+# the sweep and the loader (torch, ~2 s), pandas, Ray and the report's views are imported inside the functions that
+# run cells or build a page or a table: ``interp-bayes grid --help`` and reading a grid file load none of them
 import argparse
 import contextlib
 import html
@@ -37,8 +37,6 @@ from ..core.progress import progress_bar
 from ..core.results import records
 from ..core.stop import check_stop
 from ..core.store import MANIFEST, building, checked_name, inside, read_yaml, write_json
-from ..report.grid import build_grid_page
-from ..report.view import RunView
 
 EXECUTORS = ("local", "ray")
 GRID_KEYS = ("name", "models", "probes", "seeds", "config", "retries")
@@ -209,6 +207,8 @@ class GridRun:
     def table(self):
         """Every number of every cell, one row each, with the cell's model, revision and seed (pandas)."""
         import pandas as pd
+
+        from ..report.view import RunView
 
         frames = [pd.DataFrame(records(RunView.load(c.folder).rows())).assign(
             model=c.cell.model, revision=c.cell.revision, seed=c.cell.seed) for c in self.cells if c.error is None]
@@ -443,6 +443,7 @@ def run_grid(grid: Grid | dict | str | Path, *, executor: str = "local", address
     is started for this call. A process that already called ``ray.init`` keeps its session. Raises GridError
     naming the cells that failed (after building the page of the others).
     """
+    from ..report.grid import build_grid_page
     from .config import SweepConfig
     from .sweep import load_probes, run_folder
 
