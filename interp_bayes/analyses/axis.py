@@ -25,10 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from ..core.errors import AxisError
+from ..core.store import atomic_write_bytes, write_json
 from ..stats import CONSTANT_RTOL, as_float64
+from ..stats.confounds import covariate_matrix
 from ..stats.pca import correlations, pca
 from ..stats import fit_ridge, group_folds, residual_confounding, residualize
 
@@ -84,10 +87,6 @@ class EntropyAxis:
 
     def save(self, path: str | Path) -> Path:
         """``path/axis.safetensors`` (direction) and ``path/axis.json`` (everything else), atomically."""
-        import safetensors.torch
-
-        from ..core.store import atomic_write_bytes, write_json
-
         path = Path(path)
         atomic_write_bytes(path / "axis.safetensors", safetensors.torch.save({"direction": self.direction.contiguous()}))
         meta = {k: v for k, v in asdict(self).items() if k != "direction"}
@@ -96,11 +95,9 @@ class EntropyAxis:
 
     @classmethod
     def load(cls, path: str | Path) -> "EntropyAxis":
-        from safetensors.torch import load_file
-
         path = Path(path)
         meta = json.loads((path / "axis.json").read_text())
-        return cls(direction=load_file(path / "axis.safetensors")["direction"], **meta)
+        return cls(direction=safetensors.torch.load_file(path / "axis.safetensors")["direction"], **meta)
 
 
 def cross_fitted_projections(x: np.ndarray, y: np.ndarray, method: str, *, folds: int, seed: int,
@@ -134,8 +131,6 @@ def _control_matrix(control, n: int) -> tuple[np.ndarray | None, list[str]]:
     if control is None:
         return None, []
     if isinstance(control, dict):
-        from ..stats.confounds import covariate_matrix
-
         return covariate_matrix(control), list(control)
     c = as_float64(control).reshape(n, -1)
     return c, [f"covariate {i}" for i in range(c.shape[1])]

@@ -21,6 +21,7 @@ settled (``stats.sequential_test``, ``n_null`` the cap; each row records its dra
 
 from __future__ import annotations
 
+# plotly is imported inside the function that draws: the rows need no figure
 from dataclasses import dataclass, field
 
 import numpy as np

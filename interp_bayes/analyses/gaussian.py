@@ -17,9 +17,12 @@ lie on a curved manifold (where the posterior's mean and spread are decodable: `
 
 from __future__ import annotations
 
+# sklearn (Isomap) is imported inside the one function that embeds a cloud: the calibration rows do not need it
 from typing import Any
 
 import numpy as np
+from scipy.sparse.csgraph import connected_components
+from scipy.spatial.distance import pdist
 
 from ..stats import (as_float64, bootstrap_means, bootstrap_pearson, interval, permutations, sequential_test,
     sequential_tests)
@@ -104,10 +107,6 @@ def calibration_table(kl, kl_permuted, pairs: dict[str, tuple], *, groups, strat
     return out
 
 
-def _distances(x: np.ndarray) -> np.ndarray:
-    from scipy.spatial.distance import pdist
-
-    return pdist(x)
 
 
 def _residual_variance(target: np.ndarray, kept: np.ndarray) -> float:
@@ -118,7 +117,6 @@ def _residual_variance(target: np.ndarray, kept: np.ndarray) -> float:
 
 def _geometry(z: np.ndarray, d_max: int, n_neighbors: int) -> dict[str, Any]:
     """The statistics of one cloud z [n, D] (already standardised)."""
-    from scipy.sparse.csgraph import connected_components
     from sklearn.manifold import Isomap
 
     zc = z - z.mean(0)
@@ -128,15 +126,15 @@ def _geometry(z: np.ndarray, d_max: int, n_neighbors: int) -> dict[str, Any]:
     out: dict[str, Any] = {f"pca_dim_{int(round(100 * q))}": int(np.searchsorted(cum, q) + 1) for q in SHARES}
     out["participation_ratio"] = participation_ratio(ev)
     scores = zc @ vt[:d_max].T
-    full = _distances(zc)
+    full = pdist(zc)
     iso = Isomap(n_neighbors=n_neighbors, n_components=d_max).fit(zc)
     # a kNN graph in pieces is joined by sklearn with straight edges between the pieces: those geodesics are guesses
     out["graph_components"] = int(connected_components(iso.nbrs_.kneighbors_graph(zc), directed=False)[0])
     n = len(z)
     geodesic = iso.dist_matrix_[np.triu_indices(n, 1)]  # the same pair order as pdist
     emb = iso.embedding_
-    out["rv_pca"] = [_residual_variance(full, _distances(scores[:, :d])) for d in range(1, d_max + 1)]
-    out["rv_isomap"] = [_residual_variance(geodesic, _distances(emb[:, :d])) for d in range(1, d_max + 1)]
+    out["rv_pca"] = [_residual_variance(full, pdist(scores[:, :d])) for d in range(1, d_max + 1)]
+    out["rv_isomap"] = [_residual_variance(geodesic, pdist(emb[:, :d])) for d in range(1, d_max + 1)]
     return out
 
 

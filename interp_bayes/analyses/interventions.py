@@ -10,17 +10,23 @@ stratum's mean component over the evaluation prompts. A control direction is abl
 
 from __future__ import annotations
 
+# pandas and plotly are imported inside the methods that build a table or a figure: computing rows needs neither
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..core.errors import ConfigError
+from ..core.progress import progress_bar
 from ..core.results import Row
+from ..model.collect import token_values
 from ..model.edits import ONMANIFOLD_OPS, OPS, make_op, onmanifold_op, resolve_edits
 from ..model.prefix import EditedRun, edited_runs
 from ..stats import as_float64, bootstrap, donors_within, interval, percentile_of
-from ..stats.sequential import UNDECIDED
+from ..stats.calibration import compare_to_bayes
+from ..stats.pca import correlations
+from ..stats.resample import paired_excess_draws
+from ..stats.sequential import UNDECIDED, sequential_test, sequential_tests
 from .controls import CONTROL_FAMILIES, FULL_CONTROLS, RANDOM_FAMILIES, control_directions
 
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")  # what ``summarize`` reports by default
@@ -127,8 +133,6 @@ class InterventionResult:
 def calibration_measures(entropy: np.ndarray, label_logprobs: np.ndarray, task: dict) -> dict:
     """Calibration of a run against the exact posterior: MAE per k, for k >= 1 and overall; correlation with
     Bayes entropy and label accuracy for k >= 1."""
-    from ..stats.calibration import compare_to_bayes
-
     cmp = compare_to_bayes(entropy, task["bayes_entropy"], by=task["k"], predicted=label_logprobs.argmax(-1),
                            latent=task["latent"])
     pos = cmp["k_ge_1"]
@@ -144,8 +148,6 @@ def _geometry(run: EditedRun, directions: dict[int, np.ndarray], spread: dict[in
     Where the projection has lost its spread (below 1e-6 of ``spread[L]``, the unperturbed one: after a cut on
     that axis) the correlation would be one of rounding noise, so it is NaN.
     """
-    from ..stats.pca import correlations
-
     h = as_float64(run.entropy)
     out = {}
     for layer, u in directions.items():
@@ -182,16 +184,10 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
     one forward (``prefix.edited_runs``); the same numbers as ``fast=False``, a whole forward pass per edit (bit for
     bit on CPU with MKL; the tests check 1e-5 relative on every model family and on SmolLM2).
     """
-    from ..core.progress import progress_bar
-    from ..stats.pca import correlations
-    from ..stats.sequential import sequential_tests
-
     layers = sorted(axes)
     true_dirs = {layer: as_float64(axes[layer].direction) for layer in layers}
     onmanifold = {}
     if protocol.onmanifold:  # donors among these (evaluation) prompts only, of the same k
-        from ..model.collect import token_values
-
         strata = np.asarray(task["k"])
         onmanifold = dict(token_vals=token_values(model, prompts, protocol.layers, batch_size=batch_size),
                           strata=strata, donors=donors_within(strata, protocol.seed))
@@ -307,27 +303,14 @@ def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, 
     Against a range of the control draws, a true axis that is itself one more control lies beyond all m of them
     with chance 1 / (m + 1) (9% at m = 10), and a seed of the draws flips the verdict of a true effect near the
     range's edge; the interval of D is settled against ``delta`` and not against the controls' extremes."""
-    from ..stats.resample import group_ids, resample_counts
-    from ..stats.sequential import sequential_test
-
     true_err, control_err = as_float64(true_err).reshape(-1), as_float64(control_err)
     m, n = control_err.shape
     if m < 2 or control_err.shape[1] != len(true_err):
         raise ConfigError(f"The readout excess needs at least 2 control draws over the true ablation's {len(true_err)} "
                           f"prompts (got {m} over {n}).")
-    g = group_ids(groups, n)
-    size = np.bincount(g).astype(np.float64)  # [G] prompts per group, and each group's error sums:
-    true_sum, control_sum = np.bincount(g, true_err), np.stack([np.bincount(g, c) for c in control_err])
-    rng = np.random.default_rng(seed)
-
-    def draw(b: int) -> np.ndarray:
-        w = resample_counts(g, b, rng)  # [b, G] groups
-        v = resample_counts(np.arange(m), b, rng) / m  # [b, m] control draws, as weights summing to 1
-        control = np.einsum("bm,mg,bg->b", v, control_sum, w)
-        return (w @ true_sum - control) / (w @ size)
-
     value = float(true_err.mean() - control_err.mean())
-    test = sequential_test(draw, delta, alternative="two-sided")
+    test = sequential_test(paired_excess_draws(true_err, control_err, groups, seed=seed), delta,
+                           alternative="two-sided")
     return Row("readout_excess", value, "bits", dict(scope or {}), *test.null, "two-level bootstrap 95%", n=n,
                note=f"true ablation minus the mean of {m} matched ones; decided against {delta:g} bits",
                test=test.as_dict())

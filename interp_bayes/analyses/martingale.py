@@ -62,9 +62,10 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ..stats import info
-from ..stats import bootstrap_mean_draws, interval, sequential_test
 from ..core.results import Row
+from ..model.collect import collect
+from ..stats import bootstrap_mean_draws, info, interval, sequential_test
+from ..tasks.icl import CARRIERS, posterior_label1
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,6 @@ class ExchangeableTask:
 
 def sula_setup(task, label_tokens: Sequence[int]) -> ExchangeableTask:
     """The SULA task (``SULATask``, main condition) with the model's label token ids (``task.label_token_ids``)."""
-    from ..tasks.icl import CARRIERS, posterior_label1
-
     def render(ctx: Context) -> str:
         return task.render([w for w, _ in ctx.examples], [o for _, o in ctx.examples], ctx.query)
 
@@ -159,8 +158,6 @@ def model_predictor(model, setup: ExchangeableTask, *, batch_size: int | None = 
     """The model's next-token distribution at the end of each rendered context, renormalised over the outcome
     tokens (``model.collect.collect`` with ``label_tokens``). Predictions are memoised by prompt: the same prompt in two
     calls (today's context and its identity order, say) runs once."""
-    from ..model.collect import collect
-
     cache: dict[Any, np.ndarray] = {}
 
     def key(ctx: Context):

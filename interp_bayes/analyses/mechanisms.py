@@ -23,12 +23,17 @@ import numpy as np
 import torch
 
 from ..core.layers import layer_index
+from ..core.progress import progress_bar
 from ..core.results import Row
+from ..model.collect import collect
+from ..model.edits import AxisCut, intervene
 from ..model.hooks import act_name
 from ..stats.pca import correlations
-from ..stats import as_float64, interval, percentile_of, sequential_test
+from ..stats import as_float64, deconfounded_correlation, interval, percentile_of, sequential_test
 from ..stats.info import entropy_of_log_probs, kl
 from ..stats.sequential import BATCH
+from .controls import isotropic_axes
+from .interventions import calibration_measures
 from .neurons import ablation_hook, final_norm_run
 from .unembedding import NullSpace, unembedding_null_space
 
@@ -51,8 +56,6 @@ def axis_null_overlap(model, direction, layer: int, *, null: NullSpace | None = 
     isotropic value directions orthogonal to it, mapped through W_O the same way: drawn in batches until rho's
     place among them is settled (``stats.sequential_test``, two-sided, ``n_random`` the cap; direction i is the
     same whatever the batches). ``test`` records the decision and ``n_random`` the directions drawn."""
-    from .controls import isotropic_axes
-
     idx = layer_index(layer, model.cfg.n_layers)
     null = null or unembedding_null_space(model)
     u = as_float64(getattr(direction, "direction", direction))
@@ -79,8 +82,6 @@ def scale_entropy(model, prompts, *, label_tokens=None, covariates=None, strata=
     ``label_tokens`` when given) and with any further per-prompt ``targets`` (name -> [n], e.g. the exact Bayes
     entropy): raw, and with ``covariates`` ([n, c]) the raw, partial and within-``strata`` correlations against a
     within-stratum permutation null (``stats.confounds.deconfounded_correlation``)."""
-    from ..stats import deconfounded_correlation
-
     clean = clean or final_norm_run(model, prompts, label_tokens=label_tokens, batch_size=batch_size, final_only=True)
     out = dict(n=len(clean["final_scale"]), scale_mean=float(clean["final_scale"].mean()),
                scale_sd=float(clean["final_scale"].std(ddof=1)))
@@ -118,8 +119,6 @@ UNITS = dict(d_entropy="bits", d_full_entropy="bits", kl_bits="bits", d_mae_k_ge
 
 
 def _measure(acts, base, task) -> dict:
-    from .interventions import calibration_measures
-
     lp, base_lp = acts.logprobs.double(), base.logprobs.double()
     full = entropy_of_log_probs(lp)
     base_full = entropy_of_log_probs(base_lp)
@@ -144,12 +143,6 @@ def compare_mechanisms(model, prompts, *, neurons, axis, neuron_layer: int = -1,
     (MAE for k >= 1, correlation with Bayes entropy, accuracy); without it, entropy and KL only (a prompt pool).
     Entropy is renormalised over ``label_tokens`` when given (``d_entropy``) and over the full vocabulary
     (``d_full_entropy``); every number is the change from the unedited model."""
-    from ..core.progress import progress_bar
-
-    from ..model.collect import collect
-    from ..model.edits import AxisCut, intervene
-    from .controls import isotropic_axes
-
     idx = layer_index(neuron_layer, model.cfg.n_layers)
     neurons = [int(j) for j in neurons]
     clean = final_norm_run(model, prompts, layer=idx, batch_size=batch_size, final_only=True)

@@ -44,6 +44,7 @@ from ..core.stop import check_stop
 from ..stats import as_float64
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
+from .axis import fit_direction
 from .controls import isotropic_subspaces, matched_subspaces
 from .p4b import ablation_rows
 from ..tasks.base import TaskBatch
@@ -70,8 +71,6 @@ def fit_subspaces(x_query: np.ndarray, posterior: np.ndarray, x_all: np.ndarray,
     """name -> orthonormal basis [k, dim] (see the module docstring): the axis and the belief frame from the
     activations at the query positions ``x_query`` [n, dim] and their exact posteriors [n, H]; the PCs and the
     token frame from the activations at every position ``x_all`` with their ``tokens``."""
-    from .axis import fit_direction
-
     H = posterior.shape[1]
     h_bayes = info.entropy(torch.from_numpy(posterior)).numpy()
     bases = {"entropy-axis": fit_direction(x_query, h_bayes, "ridge")[None]}

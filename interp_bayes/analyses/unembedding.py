@@ -38,6 +38,7 @@ import torch
 
 from ..core.errors import UnsupportedModelError
 from ..core.layers import layer_index
+from ..model.read import tokenize
 from ..stats.pca import correlations
 from ..stats import as_float64, interval, percentile_of
 
@@ -245,8 +246,6 @@ def neuron_scores(model, layer: int = -1, null: NullSpace | None = None,
 def unigram_counts(model, texts_or_ids) -> np.ndarray:
     """[vocab] token counts over texts (tokenised with the checkpoint's own tokenizer) or token-id lists, e.g. the
     prompt pool or a ``datasets`` corpus's text column."""
-    from ..model.read import tokenize
-
     flat = [t for ids in tokenize(model, list(texts_or_ids)) for t in ids]
     return np.bincount(np.asarray(flat, dtype=np.int64), minlength=model.cfg.d_vocab).astype(np.float64)
 

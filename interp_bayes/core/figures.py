@@ -20,6 +20,12 @@ def shorten(text: str, n: int = 100) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def error_bars(rows) -> dict:
+    """Plotly's asymmetric error bars of ``rows``' intervals (``low`` to ``high`` around ``value``): ``error_y=``."""
+    return dict(type="data", symmetric=False, array=[r.high - r.value for r in rows],
+                arrayminus=[r.value - r.low for r in rows])
+
+
 def layout(fig, title: str, **kw):
     """House style: the title on top, then a horizontal legend, both above the plot area (pixel positions, so
     they never overlap subplot titles); axis titles never clipped; layer axes ticked at whole layers; a panel with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# the page (plotly) is imported inside dynamics_main, only when --out asks for one
 import argparse
 import json
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..core.checks import count_arg, device_arg, out_file_arg, seed_arg
+from ..core.store import atomic_write_text
 from .deep import train_deep
 from .frames import FRAME_METRICS, PRECISION_METRICS, frame_precision_run, ratio_interval
 from .laws import law_check
@@ -164,7 +166,6 @@ def dynamics_main(args: argparse.Namespace) -> int:
     print(markdown_tables(results))
     if args.out is not None:
         from ..report.dynamics_page import build_dynamics_page
-        from ..core.store import atomic_write_text
 
         atomic_write_text(args.out, json.dumps(results, indent=1, default=float))
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+# sklearn is imported inside cv_r2, its one user: the dynamics package's other commands do without it
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from scipy import stats
 
+from ..stats import group_folds, r2
 from ..stats.pca import shares, spectrum
 
 
@@ -23,8 +25,6 @@ def cv_r2(features: torch.Tensor, target: torch.Tensor, groups, *, seed: int = 0
     independent; None: every row its own group; float64)."""
     from sklearn.linear_model import LinearRegression
     from sklearn.model_selection import cross_val_predict
-
-    from ..stats import group_folds, r2
 
     xf, yf = features.double().numpy(), target.double().numpy()
     pred = cross_val_predict(LinearRegression(), xf, yf, cv=group_folds(groups, folds, seed=seed, n=len(yf)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
@@ -148,8 +149,6 @@ def sticky_comparison(seeds: Sequence[int] = PAPER_SEEDS, *, jobs: int = 1,
         return run
 
     if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             runs = [report(r) for r in pool.map(_sticky_worker, seeds, [kwargs] * len(seeds))]
     else:

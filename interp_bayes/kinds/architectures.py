@@ -22,7 +22,7 @@ from ..windtunnel.evaluate import evaluate_windtunnel
 from ..windtunnel.table import task_entry
 from ..windtunnel.tunnels import PACKAGED, open_tunnel, tunnel_config
 from .windtunnel import DISCRETE_TASKS, tunnel_folder
-from ..core.figures import layout
+from ..core.figures import error_bars, layout
 
 TUNNELS = ("bijection", "bijection-replacement", "hmm", "hmm-sticky", "recall")  # the table's columns
 # Paper I v3 (issue 27): KL in bits for the bijection and the paper-family HMM, % correct for associative recall
@@ -139,8 +139,7 @@ def figures(probes) -> list[Figure]:
             if rs:
                 fig.add_scatter(x=[r.scope["tunnel"] for r in rs], y=[r.value for r in rs], mode="markers",
                                 name=arch, text=[r.scope["checkpoint"] for r in rs],
-                                error_y=dict(type="data", symmetric=False, array=[r.high - r.value for r in rs],
-                                             arrayminus=[r.value - r.low for r in rs]))
+                                error_y=error_bars(rs))
         fig.add_hline(y=0, line=dict(dash="dot", color="grey"))
         fig.update_xaxes(title_text="tunnel", type="category", categoryorder="array", categoryarray=list(TUNNELS))
         fig.update_yaxes(title_text="best window's KL minus the model's (bits)")

@@ -20,7 +20,7 @@ from ..core.results import Row, find, select
 from .common import check_folds
 from .windtunnel import TunnelParams
 from ..analyses.belief import belief_rows
-from ..core.figures import layout
+from ..core.figures import error_bars, layout
 from ..model.collect import query_readings
 from ..stats import ledger as L
 from ..stats.ledger import beyond_null
@@ -117,9 +117,7 @@ def figures(probes) -> list[Figure]:
         for weights, target in dict.fromkeys((r.scope["weights"], r.scope["target"]) for r in rs):
             g = sorted(select(rs, weights=weights, target=target), key=lambda r: r.scope["layer"])
             fig.add_scatter(x=[r.scope["layer"] for r in g], y=[r.value for r in g], mode="lines+markers",
-                            name=f"{weights}: {target}", error_y=dict(type="data", symmetric=False,
-                                                                      array=[r.high - r.value for r in g],
-                                                                      arrayminus=[r.value - r.low for r in g]))
+                            name=f"{weights}: {target}", error_y=error_bars(g))
         fig.update_xaxes(title_text="layer")
         fig.update_yaxes(title_text="cross-fitted R²")
         where = subject(pr.params_object())

@@ -28,7 +28,7 @@ from .common import check_folds, sula_groups, sula_prompts, sula_request, sula_t
 from .windtunnel import TunnelParams, load_windtunnel_task, windtunnel_prompts
 from ..analyses.causal import Training, das_report, model_site
 from ..core.errors import ConfigError
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, error_bars, layout
 from ..core.layers import resolve_layers
 from ..stats import ledger as L
 from ..stats.info import entropy_of_log_probs
@@ -152,8 +152,7 @@ def figures(probes) -> list[Figure]:
             ds = [r.scope["d"] for r in rs]
             name = f"L{layer} {target}"
             fig.add_scatter(x=ds, y=[r.value for r in rs], mode="lines+markers", name=f"DAS, {name}",
-                            error_y=dict(type="data", symmetric=False, array=[r.high - r.value for r in rs],
-                                         arrayminus=[r.value - r.low for r in rs]))
+                            error_y=error_bars(rs))
             fig.add_scatter(x=ds, y=[r.value for r in ax], mode="lines", line=dict(dash="dash"),
                             name=f"entropy axes, {name}")
             fig.add_scatter(x=ds, y=[r.null_high for r in rs], mode="lines",

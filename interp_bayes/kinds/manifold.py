@@ -15,7 +15,7 @@ from ..core.results import Row, find, select
 from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from .common import deconfounded, deconfounded_text, groups_of, last_layer, manifold_rows, pool, share_text
 from ..core.registry import register
-from ..core.figures import COLOURS, layout, shorten, table
+from ..core.figures import COLOURS, error_bars, layout, shorten, table
 from ..core.prompts import load_source, source_label, stratified_sample
 
 DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
@@ -172,8 +172,7 @@ def _shares(probes) -> Figure | None:
         obs = sorted(select(rows, "pc1_share"), key=lambda r: r.scope["layer"])
         fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in obs], y=[r.value for r in obs], mode="lines+markers",
                                  name=f"{name} per layer",
-                                 error_y=dict(type="data", array=[r.high - r.value for r in obs],
-                                              arrayminus=[r.value - r.low for r in obs])), row=1, col=2)
+                                 error_y=error_bars(obs)), row=1, col=2)
         fig.add_trace(go.Scatter(x=[r.scope["layer"] for r in obs], y=[r.null_high for r in obs], mode="lines",
                                  line=dict(dash="dot", color=COLOURS["permuted"]), name=f"{name} permuted null, 97.5%"),
                       row=1, col=2)

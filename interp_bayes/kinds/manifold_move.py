@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..analyses.manifold_move import OPS, kalman_move
+from ..core.figures import error_bars, layout
 from ..core.plugin import Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
@@ -62,16 +63,13 @@ def figures(probes) -> list[Figure]:
     """Per probe: each op's spread change towards the target against the layer, with its interval."""
     import plotly.graph_objects as go  # heavy: only when a report is drawn
 
-    from ..core.figures import layout
-
     out = []
     for pr in probes:
         fig = go.Figure()
         for op in OPS:
             rs = sorted(select(pr.rows, "spread_change", op=op), key=lambda r: r.scope["layer"])
             fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
-                            name=op, error_y=dict(type="data", symmetric=False, array=[r.high - r.value for r in rs],
-                                                  arrayminus=[r.value - r.low for r in rs]))
+                            name=op, error_y=error_bars(rs))
         fig.update_xaxes(title_text="block whose output is moved", type="category")
         fig.update_yaxes(title_text="predicted ln sd change towards the target")
         where = subject(pr.params_object())

@@ -19,7 +19,7 @@ from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from .common import sula_task
 from .windtunnel import TunnelParams, load_windtunnel_task
 from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, error_bars, layout
 from ..stats import ledger as L
 from ..windtunnel.tunnels import is_tunnel, open_tunnel
 
@@ -105,8 +105,7 @@ def figures(probes) -> list[Figure]:
                                      showlegend=col == 1), row=1, col=col)
             fig.add_trace(go.Scatter(x=k, y=[r.value for r in rs], mode="lines+markers", name="model",
                                      showlegend=col == 1, line=dict(color=COLOURS["observed"]),
-                                     error_y=dict(type="data", array=[r.high - r.value for r in rs],
-                                                  arrayminus=[r.value - r.low for r in rs])), row=1, col=col)
+                                     error_y=error_bars(rs)), row=1, col=col)
         fig.update_xaxes(title_text="k (examples in context)")
         out.append(Figure(f"martingale-{p.name}", "Martingale test", layout(
             fig, f"Is the in-context learning Bayesian? ({p.data.get('task')})"),
@@ -134,8 +133,7 @@ def expectation_figure(p) -> Figure:
                                  name=f"null, {name} (its own draws, 95%)"))
         fig.add_trace(go.Scatter(x=k, y=[r.value for r in rs], mode="lines+markers", name=name,
                                  line=dict(color=colour),
-                                 error_y=dict(type="data", array=[r.high - r.value for r in rs],
-                                              arrayminus=[r.value - r.low for r in rs])))
+                                 error_y=error_bars(rs)))
     exact = sorted(select(p.rows, "exact_martingale_gap_debiased_bits"), key=lambda r: r.scope["k"])
     fig.add_trace(go.Scatter(x=[r.scope["k"] for r in exact], y=[r.value for r in exact], mode="markers",
                              name="exact predictor", marker=dict(color=COLOURS["true"], symbol="x")))

@@ -23,7 +23,7 @@ from .windtunnel import TunnelParams
 from ..analyses import p4b as P
 from ..analyses.p4b import AUTHORS, answer, best_layer, cut_verdicts, decoding_verdict
 from ..analyses.subspaces import ablation_costs, every_position, fit_subspaces, sequence_losses, top_rows
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, error_bars, layout
 from ..model.edits import intervene
 from ..stats import as_float64, info
 from ..windtunnel.discrete import restricted_log_probs
@@ -131,9 +131,7 @@ def figures(probes) -> list[Figure]:
         for sub in dict.fromkeys(r.scope["subspace"] for r in select(pr.rows, "cut_kl_bits")):
             rs = select(pr.rows, "cut_kl_bits", subspace=sub)
             fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
-                            name=f"cut {sub}", error_y=dict(type="data", symmetric=False,
-                                                            array=[r.high - r.value for r in rs],
-                                                            arrayminus=[r.value - r.low for r in rs]), row=1, col=2)
+                            name=f"cut {sub}", error_y=error_bars(rs), row=1, col=2)
             fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.null_high for r in rs], mode="lines",
                             line=dict(dash="dot", color=COLOURS["permuted"]), showlegend=False, row=1, col=2)
         fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")

@@ -21,7 +21,7 @@ from ..stats.ledger import fmt, interval_side
 from ..windtunnel.recall import evaluate_recall
 from ..windtunnel.tunnels import open_tunnel, saved_checkpoints
 from .windtunnel import TunnelParams
-from ..core.figures import layout
+from ..core.figures import error_bars, layout
 
 BINDS = 0.5  # a binding head gives the queried key's value most of its attention on the stored values
 
@@ -117,9 +117,7 @@ def figures(probes) -> list[Figure]:
                 rs = sorted(select(pr.rows, metric, layer=layer, head=head), key=lambda r: r.scope["step"])
                 fig.add_scatter(x=[r.scope["step"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
                                 name=f"{metric.removeprefix('recall_').replace('_', ' ')} L{layer}H{head}",
-                                line=dict(dash=dash), error_y=dict(type="data", symmetric=False,
-                                                                   array=[r.high - r.value for r in rs],
-                                                                   arrayminus=[r.value - r.low for r in rs]))
+                                line=dict(dash=dash), error_y=error_bars(rs))
         recall = sorted(select(pr.rows, "recall_accuracy"), key=lambda r: r.scope["step"])
         fig.add_scatter(x=[r.scope["step"] for r in recall], y=[r.value for r in recall], mode="lines+markers",
                         name="recall accuracy", line=dict(color="black", width=3))

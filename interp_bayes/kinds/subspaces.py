@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from ..analyses.subspaces import OPS, subspace_rows
 from ..core.errors import ConfigError
+from ..core.figures import COLOURS, error_bars, layout
 from ..core.plugin import Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
@@ -77,8 +78,6 @@ def figures(probes) -> list[Figure]:
     """Per probe: each edit's KL cost with its interval beside the matched controls' range."""
     import plotly.graph_objects as go  # heavy: only when a report is drawn
 
-    from ..core.figures import COLOURS, layout
-
     out = []
     for pr in probes:
         fig = go.Figure()
@@ -88,8 +87,7 @@ def figures(probes) -> list[Figure]:
                 continue
             x = [f"L{r.scope['layer']} {r.scope['subspace']}" for r in rs]
             fig.add_scatter(x=x, y=[r.value for r in rs], mode="markers", name=op,
-                            error_y=dict(type="data", symmetric=False, array=[r.high - r.value for r in rs],
-                                         arrayminus=[r.value - r.low for r in rs]))
+                            error_y=error_bars(rs))
             fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="markers", name=f"{op}: matched top",
                             marker=dict(symbol="line-ew-open", size=14, color=COLOURS["permuted"]))
         fig.update_xaxes(title_text="layer and subspace", type="category")

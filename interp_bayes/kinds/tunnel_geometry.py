@@ -22,7 +22,7 @@ from .common import check_folds
 from .windtunnel import TunnelParams
 from ..analyses import p4b as P
 from ..analyses.p4b import decoding_verdict
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, error_bars, layout
 from ..stats import info
 from ..windtunnel.tunnels import open_tunnel
 
@@ -101,8 +101,7 @@ def figures(probes) -> list[Figure]:
             rs = select(pr.rows, "decoding_r2", test=test)
             x = [r.scope["layer"] for r in rs]
             fig.add_scatter(x=x, y=[r.value for r in rs], mode="lines+markers", name=test,
-                            error_y=dict(type="data", symmetric=False, array=[r.high - r.value for r in rs],
-                                         arrayminus=[r.value - r.low for r in rs]))
+                            error_y=error_bars(rs))
             fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="lines", showlegend=False,
                             line=dict(dash="dot", color=COLOURS["permuted"]))
         fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")

@@ -30,6 +30,8 @@ around each component call when no weight is offloaded) and ``PassKwargs`` (a bl
 
 from __future__ import annotations
 
+# TransformerLens (~5 s) and accelerate are imported inside the functions that patch a loaded bridge: this module
+# is imported with ``model.loading``, which every command imports and most never load weights
 import copy
 import inspect
 from typing import Any

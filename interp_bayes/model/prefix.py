@@ -31,8 +31,11 @@ import torch
 from ..core.layers import layer_index
 from ..core.stop import check_stop
 from ..stats.info import kl
+from .collect import collect
 from .edits import bind_edit, intervene
 from .hooks import reading_hook
+from .read import (check_prompts, checked, final_logits, final_position_tail, length_batches, next_token_entropy,
+                   reading_hooks, tokenize)
 
 EDIT_TOKENS = 4096  # edits are stacked into one forward up to about this many tokens ...
 EDIT_ROWS = 128  # ... and this many prompt copies (each keeps a row of full-vocabulary logits)
@@ -132,9 +135,6 @@ def edited_runs(model, prompts: list, edits: list[dict[int, Callable]], *, layer
 def _naive_runs(model, prompts: list, edits: list[dict], *, layers: list[int], label_tokens: list[int],
                 batch_size: int | None, tick: Callable[[int], object]) -> list[EditedRun]:
     """Each run a whole forward pass over every prompt: ``collect`` under ``intervene``."""
-    from .collect import collect
-    from .read import length_batches, tokenize
-
     def run(edit: dict) -> tuple[EditedRun, torch.Tensor]:
         if not any(hasattr(op, "bind") for op in edit.values()):
             with intervene(model, edit):
@@ -185,9 +185,6 @@ def _fast_runs(model, prompts: list, edits: list[dict], *, layers: list[int], la
     """Per batch of prompts, the unperturbed forward keeps the residual entering the first edited block of every
     edit; the edits then run from there, several stacked into one forward. Readings before an edit's first block
     are the unperturbed ones."""
-    from .read import (check_prompts, checked, final_logits, final_position_tail, length_batches,
-        next_token_entropy, reading_hooks, tokenize)
-
     token_ids = tokenize(model, prompts)
     check_prompts(token_ids, prompts, model.cfg.n_ctx)
     device = next(model.parameters()).device

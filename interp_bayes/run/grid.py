@@ -16,8 +16,11 @@ finished). Either way the driver shows one bar of cells, every cell appends its 
 
 from __future__ import annotations
 
+# the sweep and the loader (torch, ~2 s), pandas, Ray and the report's views are imported inside the functions that
+# run cells or build a page or a table: ``interp-bayes grid --help`` and reading a grid file load none of them
 import argparse
 import contextlib
+import html
 import math
 import os
 import shutil
@@ -29,8 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import ConfigError, GridError, InterpBayesError
+from ..core.model_ref import ModelRef
+from ..core.progress import progress_bar
+from ..core.results import records
 from ..core.stop import check_stop
-from ..core.store import MANIFEST, building, checked_name, inside
+from ..core.store import MANIFEST, building, checked_name, inside, read_yaml, write_json
 
 EXECUTORS = ("local", "ray")
 GRID_KEYS = ("name", "models", "probes", "seeds", "config", "retries")
@@ -115,8 +121,6 @@ class Grid:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Grid":
-        from ..core.store import read_yaml
-
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"No grid file at '{path}'; pass a YAML file with models, probes, seeds and config.")
@@ -205,15 +209,12 @@ class GridRun:
         import pandas as pd
 
         from ..report.view import RunView
-        from ..core.results import records
 
         frames = [pd.DataFrame(records(RunView.load(c.folder).rows())).assign(
             model=c.cell.model, revision=c.cell.revision, seed=c.cell.seed) for c in self.cells if c.error is None]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def _repr_html_(self) -> str:
-        import html
-
         return (f"<b>Grid</b> of {len(self.cells)} cells ({self.executor}, {self.seconds:.0f} s, {self.computed} "
                 f"stages computed): <code>{html.escape(str(self.page))}</code>")
 
@@ -223,20 +224,23 @@ def cell_log_name(folder: Path) -> str:
     return f"{folder.parent.name}-{folder.name}.log"
 
 
-def run_cell(config: dict, log: str, split: bool = False) -> dict:
+def run_cell(config: dict, log: str, split: bool = False, ref: ModelRef | None = None) -> dict:
     """Run one cell (an ordinary sweep) with its output appended to ``log``: the body of a Ray task and of the local
-    loop. ``split`` loads the model with ``device_map="auto"`` over the devices the cell was given."""
+    loop. ``split`` loads the model with ``device_map="auto"`` over the devices the cell was given. ``ref``: the
+    cell's model resolved (``SweepConfig.model_ref``) when the caller has it, else resolved here, once for the run's
+    id, its cache keys and its load."""
     from .config import SweepConfig
     from .sweep import run_sweep
 
     cfg = SweepConfig.from_dict(config)
+    ref = ref or cfg.model_ref()
     start = time.perf_counter()
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", buffering=1) as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         print(f"=== start {cfg.model} revision {cfg.revision} seed {cfg.seed} on {socket.gethostname()} pid "
               f"{os.getpid()} at {time.strftime('%Y-%m-%d %H:%M:%S')}")
         try:
-            run = run_sweep(cfg, model=_split_model(cfg) if split else None)
+            run = run_sweep(cfg, model=_split_model(cfg, ref) if split else None, ref=ref)
         except Exception:
             traceback.print_exc()
             raise
@@ -246,15 +250,15 @@ def run_cell(config: dict, log: str, split: bool = False) -> dict:
                 pid=os.getpid())
 
 
-def _split_model(cfg):
-    """The cell's model spread over its GPUs, loaded only when some stage still needs it."""
+def _split_model(cfg, ref: ModelRef):
+    """The cell's model (``ref``: its resolved reference) spread over its GPUs, loaded only when some stage still
+    needs it."""
     from ..model.loading import load_model
     from .sweep import plan_sweep
 
-    if all(item.cached for item in plan_sweep(cfg)):
+    if all(item.cached for item in plan_sweep(cfg, ref=ref)):
         return None
-    return load_model(cfg.model, dtype=cfg.dtype, revision=cfg.revision, device_map="auto",
-                      allow_pickle=cfg.allow_pickle)
+    return load_model(ref, device_map="auto", allow_pickle=cfg.allow_pickle)
 
 
 def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | None, held: int | None = None) -> dict:
@@ -279,21 +283,18 @@ def cell_resources(n_params: int | None, dtype, threads: int, gpu_bytes: int | N
     return out
 
 
-def _model_size(cell: Cell) -> tuple[int, int] | tuple[None, None]:
-    """(parameters, parameters a loaded bridge holds) of a cell's model from its config alone (None, None when the
-    config cannot be read here)."""
-    from ..model.loading import count_parameters, load_config, resolve
+def _model_size(ref: ModelRef) -> tuple[int, int] | tuple[None, None]:
+    """(parameters, parameters a loaded bridge holds) of a cell's model (``ref``: resolved) from its config alone
+    (None, None when the config cannot be read here)."""
+    from ..model.loading import count_parameters, load_config
 
     try:
-        source, local = resolve(cell.model)
-        return count_parameters(load_config(source, local=local, revision=cell.revision))
+        return count_parameters(load_config(ref.source, local=ref.local, revision=ref.load_revision))
     except InterpBayesError:
         return None, None
 
 
 def _bar(total: int, quiet: bool):
-    from ..core.progress import progress_bar
-
     return progress_bar(total=total, desc="grid", unit="cell", disable=quiet, file=sys.stderr)
 
 
@@ -320,15 +321,16 @@ def share_activations(sources: list[Path], target: Path) -> int:
     return linked
 
 
-def _run_local(cells: list[Cell], folders: list[Path], logs: list[Path], quiet: bool) -> list[CellResult]:
+def _run_local(cells: list[Cell], refs: list[ModelRef], folders: list[Path], logs: list[Path],
+               quiet: bool) -> list[CellResult]:
     results = []
     with _bar(len(cells), quiet) as bar:
-        for i, (cell, folder, log) in enumerate(zip(cells, folders, logs)):
+        for i, (cell, ref, folder, log) in enumerate(zip(cells, refs, folders, logs)):
             bar.set_postfix_str(cell.label)
             same_model = [f for c, f in zip(cells[:i], folders) if (c.model, c.revision) == (cell.model, cell.revision)]
             share_activations(same_model, folder)
             try:
-                out = run_cell(cell.config, str(log))
+                out = run_cell(cell.config, str(log), ref=ref)
                 results.append(CellResult(cell, folder, log, out["computed"], out["seconds"], out["host"]))
             except Exception as err:  # the cell's log holds the traceback; the other cells still run
                 results.append(CellResult(cell, folder, log, error=f"{type(err).__name__}: {err}"))
@@ -383,17 +385,20 @@ def _check_fits(cell: Cell, resources: dict) -> None:
                             "node, a smaller dtype (config: {dtype: bfloat16}), or fewer threads.")
 
 
-def _run_ray(cells: list[Cell], folders: list[Path], logs: list[Path], grid: Grid, quiet: bool) -> list[CellResult]:
+def _run_ray(cells: list[Cell], refs: list[ModelRef], folders: list[Path], logs: list[Path], grid: Grid,
+             quiet: bool) -> list[CellResult]:
+    """One Ray task per cell. A task resolves its model again (once) in its worker: an alias resolves to a folder
+    converted on that worker's machine, which may not be this one."""
     import ray
 
     gpu_bytes = _gpu_bytes()
     sizes: dict[tuple, tuple] = {}
     pending = {}
     cell_task = ray.remote(run_cell)
-    for cell, folder, log in zip(cells, folders, logs):
+    for cell, ref, folder, log in zip(cells, refs, folders, logs):
         key = (cell.model, cell.revision)
         if key not in sizes:
-            sizes[key] = _model_size(cell)
+            sizes[key] = _model_size(ref)
         cfg = cell.sweep_config()
         threads = cfg.threads or 1
         n_params, held = sizes[key]
@@ -438,9 +443,8 @@ def run_grid(grid: Grid | dict | str | Path, *, executor: str = "local", address
     is started for this call. A process that already called ``ray.init`` keeps its session. Raises GridError
     naming the cells that failed (after building the page of the others).
     """
-    from .config import SweepConfig
     from ..report.grid import build_grid_page
-    from ..core.store import write_json
+    from .config import SweepConfig
     from .sweep import load_probes, run_folder
 
     if executor not in EXECUTORS:
@@ -449,16 +453,21 @@ def run_grid(grid: Grid | dict | str | Path, *, executor: str = "local", address
         grid = Grid.from_yaml(grid) if isinstance(grid, (str, Path)) else Grid.from_dict(grid)
     cells = grid.cells()
     load_probes(SweepConfig.from_dict(cells[0].config))  # unknown or clashing probes are refused before any cell runs
-    folders = [run_folder(c.sweep_config()) for c in cells]  # resolves every model: bad names fail here
+    resolved: dict[tuple, ModelRef] = {}  # each model resolved once for all its cells: bad names fail here
+    for c in cells:
+        if (c.model, c.revision) not in resolved:
+            resolved[c.model, c.revision] = c.sweep_config().model_ref()
+    refs = [resolved[c.model, c.revision] for c in cells]
+    folders = [run_folder(c.sweep_config(), ref) for c, ref in zip(cells, refs)]
     gfolder = grid.folder()
     logs = [gfolder / "logs" / cell_log_name(f) for f in folders]
     start = time.perf_counter()
     if executor == "local":
-        results = _run_local(cells, folders, logs, quiet)
+        results = _run_local(cells, refs, folders, logs, quiet)
     else:
         started = _start_ray(address, num_cpus)
         try:
-            results = _run_ray(cells, folders, logs, grid, quiet)
+            results = _run_ray(cells, refs, folders, logs, grid, quiet)
         finally:
             if started:
                 import ray

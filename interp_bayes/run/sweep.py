@@ -44,9 +44,11 @@ from ..core.stop import check_stop, stop_on_signal
 from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
     environment, git_commit, inside, read_json, read_yaml, remove_if_unused, seal, slug, stage_lock, unseal, warn,
     working_in, write_json)
+from ..model.collect import collect
 from ..model.loading import (checkpoint_tokenizer, load_config, load_model, load_tokenizer, model_identity, model_info,
                              load_footprint)
 from ..model.numerics import IEEE, float32_mode
+from ..model.read import Activations, is_sequences, prompt_digest, read, sequences_digest, sites_of, tokenize
 from ..report.html import Report, build_report
 from ..report.view import RunView
 
@@ -185,8 +187,6 @@ class Context:
         if not (prompts and isinstance(prompts[0], str)):
             return [list(map(int, p)) for p in prompts]
         if subject is not None:
-            from ..model.read import tokenize
-
             return tokenize(subject.model, prompts)
         ids = []
         for p in prompts:
@@ -196,8 +196,6 @@ class Context:
 
     def _digest(self, inputs, subject) -> str:
         """The content digest of prompts (their token ids) or of a batch of sequences."""
-        from ..model.read import is_sequences, prompt_digest, sequences_digest
-
         return sequences_digest(inputs) if is_sequences(inputs) else prompt_digest(self.token_ids(inputs, subject))
 
     def acts_path(self, label: str, inputs, *, layers, readings=("v",), label_tokens=None, at: str = "final",
@@ -216,8 +214,6 @@ class Context:
         with ``model`` and ``identity``), whose identity enters the key. Loading checks every file's digest and the
         stored content digest; a damaged set is read again, with one warning. Under the set's lock, so that two
         sweeps asking for it at once read it once."""
-        from ..model.read import Activations, is_sequences, read, sites_of
-
         texts = None if is_sequences(inputs) or not (inputs and isinstance(inputs[0], str)) else list(inputs)
         if texts is not None:
             inputs = self.token_ids(texts, subject)
@@ -480,8 +476,6 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
     prompts of the activation set that needs the most forwards, batched as a sweep batches them; on the reference
     model also the reference sample's (``reference_pace``). Nothing is written. None when no set of the sweep's model
     needs collecting (nothing to time). ``ref``: ``config.model_ref()`` when the caller has it."""
-    from ..model.collect import collect
-
     sets = [i for i in items if i.sample and not i.model]
     if not sets:
         return None
@@ -507,8 +501,6 @@ def reference_pace(model, config: SweepConfig) -> float:
     """Seconds per prompt of the reference sample (the first ``CALIBRATION_PROMPTS`` prompts of the built-in pool,
     batched as a sweep batches them) over ``REFERENCE_FORWARD``: how much slower than the reference this machine
     runs now."""
-    from ..model.collect import collect
-
     texts = list(load_source("pool")["text"][:CALIBRATION_PROMPTS])
     t = time.perf_counter()
     collect(model, texts, progress=False, batch_size=config.batch_size)
@@ -576,15 +568,16 @@ def _remove_trace(folder: Path, created: Path) -> None:
             break
 
 
-def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = ()) -> Run:
+def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = (), ref: ModelRef | None = None) -> Run:
     """Run (or resume) every probe of ``config`` on its model; returns the run.
 
     model: an already loaded bridge for ``config.model`` (saves a second load in a notebook). redo: probe names to
-    recompute (with their activation sets) even when cached. With several workers (``sweep_workers``), helper
-    processes compute other stages of the same folder beside this one.
+    recompute (with their activation sets) even when cached. ref: ``config.model_ref()`` when the caller has it (a
+    grid resolves each model once for all its cells). With several workers (``sweep_workers``), helper processes
+    compute other stages of the same folder beside this one.
     """
     probes = load_probes(config)
-    ref = config.model_ref()  # resolved once: the run's id, its cache keys and its load all use it
+    ref = ref or config.model_ref()  # resolved once: the run's id, its cache keys and its load all use it
     folder = run_folder(config, ref)
     run = Run(folder, config)
     say = (lambda *_: None) if config.quiet else print

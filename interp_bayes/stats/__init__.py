@@ -19,7 +19,8 @@ from .permutation import donors_within, group_permutations, holm, p_value, permu
 from .regression import (MAX_LEVELS, SPLINE_KNOTS, STRATUM_SIZE, centre_within, covariate_basis, fine_strata,
     residual_confounding, residualize)
 from .resample import (CI_LEVEL, bootstrap, bootstrap_mean_draws, bootstrap_means, bootstrap_pearson, bootstrap_r2,
-    bootstrap_ratio, bounds, group_ids, interval, percentile_of, resample_counts, resampled_sums)
+    bootstrap_ratio, bounds, group_ids, interval, paired_excess_draws, percentile_of, resample_counts,
+    resampled_sums)
 from .sequential import Decision, beyond, beyond_each, sequential_rate, sequential_test, sequential_tests, stream_test
 from .verdicts import VERDICTS, claim
 
@@ -29,7 +30,7 @@ __all__ = [
     "bootstrap", "bootstrap_mean_draws", "bootstrap_means", "bootstrap_pearson", "bootstrap_r2", "bootstrap_ratio",
     "bounds", "centre_within", "claim", "corr_columns", "covariate_basis", "cross_fitted_ridge",
     "deconfounded_correlation", "donors_within", "fine_strata", "fit_ridge", "group_folds", "group_ids",
-    "group_permutations", "holm", "interval", "is_constant", "p_value", "percentile_of", "permutations", "r2",
-    "resample_counts", "resampled_sums", "residual_confounding", "residualize", "sequential_rate",
-    "sequential_test", "sequential_tests", "significant", "snap", "stream_test",
+    "group_permutations", "holm", "interval", "is_constant", "p_value", "paired_excess_draws", "percentile_of",
+    "permutations", "r2", "resample_counts", "resampled_sums", "residual_confounding", "residualize",
+    "sequential_rate", "sequential_test", "sequential_tests", "significant", "snap", "stream_test",
 ]

@@ -9,6 +9,8 @@ bootstrapped from per-group sums in one matrix product (``resampled_sums``); any
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from scipy import stats
 
@@ -81,6 +83,28 @@ def bootstrap_mean_draws(x, groups=None, *, n_boot: int, seed) -> np.ndarray:
     both = resampled_sums(np.concatenate([x.reshape(len(x), -1), np.ones((len(x), 1))], axis=1), groups,
                           n_boot=n_boot, seed=seed)
     return (both[:, :-1] / both[:, -1:]).reshape((n_boot,) + x.shape[1:])
+
+
+def paired_excess_draws(x, controls, groups=None, *, seed) -> Callable[[int], np.ndarray]:
+    """Bootstrap draws of the paired excess of ``x`` [n] over ``m`` control measurements of the same units
+    (``controls`` [m, n], m >= 1): D = mean over units of (x - the controls' mean), resampled at two levels at once:
+    each draw resamples the units (whole ``groups``) and, independently, the m controls, so its spread carries both
+    the units' noise and the spread between controls. Returns ``draw(b) -> [b]``, the next b draws from one
+    generator (``seed``), for a sequential test that asks for more until it settles (``stats.sequential_test``)."""
+    x, controls = as_float64(x).reshape(-1), as_float64(controls)
+    m = len(controls)
+    g = group_ids(groups, len(x))
+    size = np.bincount(g).astype(np.float64)  # [G] units per group, and each group's sums:
+    x_sum, control_sum = np.bincount(g, x), np.stack([np.bincount(g, c) for c in controls])
+    rng = np.random.default_rng(seed)
+
+    def draw(b: int) -> np.ndarray:
+        w = resample_counts(g, b, rng)  # [b, G] groups
+        v = resample_counts(np.arange(m), b, rng) / m  # [b, m] controls, as weights summing to 1
+        control = np.einsum("bm,mg,bg->b", v, control_sum, w)
+        return (w @ x_sum - control) / (w @ size)
+
+    return draw
 
 
 def bootstrap_means(x, groups=None, *, n_boot: int, seed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

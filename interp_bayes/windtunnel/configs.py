@@ -16,6 +16,8 @@ only its own token and index. The other families are in ``archs`` (hooked with T
 
 from __future__ import annotations
 
+# ``archs`` (it imports TransformerLens, ~5 s) and Mamba-2's modeling code are imported inside the builders of the
+# families that need them: a transformer tunnel loads neither
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 

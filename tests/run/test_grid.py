@@ -198,6 +198,25 @@ def test_a_multi_device_cell_loads_nothing_when_everything_is_cached(local_run, 
     assert "computed nothing (all cached)" in (tmp_path / "cell.log").read_text()
 
 
+def test_a_grid_resolves_each_model_once(local_run, make_grid, tmp_path, monkeypatch):
+    """A grid resolves each model once for all its cells (``model_ref``: their run folders, cache keys and loads use
+    that reference), and a cell run on its own (a Ray task) resolves its model once. Before, the local executor
+    resolved each cell's model twice (its run folder, then its sweep: 8 for these 4 cells) and a multi-device cell
+    twice (its plan, then its sweep)."""
+    from interp_bayes.model import loading
+
+    calls = []
+    real = loading.resolve
+    monkeypatch.setattr(loading, "resolve", lambda name, *a, **kw: calls.append(str(name)) or real(name, *a, **kw))
+    first = local_run.cells[0]
+    again = run_grid(make_grid(Path(first.cell.config["out"])), quiet=True)
+    assert again.computed == 0
+    assert sorted(calls) == sorted({c.cell.model for c in local_run.cells})
+    calls.clear()
+    assert run_cell(first.cell.config, str(tmp_path / "cell.log"), split=True)["computed"] == []
+    assert calls == [first.cell.model]
+
+
 def test_ray_reuses_cells_finished_locally(local_run, make_grid, ray_session):
     again = run_grid(make_grid(Path(local_run.cells[0].cell.config["out"])), executor="ray", quiet=True)
     assert again.computed == 0 and all(c.error is None for c in again.cells)

@@ -239,6 +239,28 @@ def test_bootstraps_over_groups_equal_resampling_whole_groups_by_hand():
     assert (dist == 1.0).all()  # every resample the statistic sees is a union of whole groups
 
 
+def test_paired_excess_draws_resample_whole_groups_and_the_controls_by_hand():
+    """Each draw of the two-level bootstrap is, by hand, the excess of x over the mean control on the rows of the
+    groups drawn, the controls drawn independently of the groups from the same generator; draws asked for in two
+    calls continue one stream."""
+    rng = np.random.default_rng(4)
+    g = np.repeat(np.arange(6), [1, 2, 3, 1, 2, 3])
+    x, controls = rng.standard_normal(len(g)), rng.standard_normal((4, len(g)))
+    draw = stats.paired_excess_draws(x, controls, g, seed=9)
+    got = np.concatenate([draw(3), draw(2)])
+    by_hand, stream = [], np.random.default_rng(9)
+    for b in (3, 2):
+        groups, picks = stream.integers(0, 6, (b, 6)), stream.integers(0, 4, (b, 4))
+        for drawn, picked in zip(groups, picks):
+            rows = np.concatenate([np.flatnonzero(g == i) for i in drawn])
+            by_hand.append(x[rows].mean() - np.mean([controls[c, rows].mean() for c in picked]))
+    np.testing.assert_allclose(got, by_hand, rtol=1e-12)
+    # units without noise and three controls 0, 1, 2 apart: all the spread is the controls' (-k/3 for k picks summed)
+    spread = stats.paired_excess_draws(np.zeros(5), np.arange(3.0)[:, None] * np.ones(5), seed=1)(200)
+    np.testing.assert_allclose(spread * 3, np.round(spread * 3), atol=1e-12)
+    assert set(np.round(-spread * 3).astype(int)) == set(range(7))
+
+
 def test_permutations_stay_within_strata_and_group_permutations_move_whole_groups():
     strata = np.repeat([0, 1, 2], 5)
     for perm in stats.permutations(15, 20, 0, strata):
