@@ -406,20 +406,21 @@ def cpu_threads(threads: int | None):
         yield
 
 
-# What each default recipe took on SmolLM2-135M (``--threads 1``, stage.json's seconds; the first stage to need the
-# model holds its load), and the reference sample's seconds per prompt (``reference_pace``) in the same conditions:
-# the cost of a probe never run under --out, analyses, wind tunnels and sequential stopping included. Measured on the
-# shared 2-core machine at load average 9-14, 2026-12-03; interventions derived, not measured (docs/performance.md,
-# "Estimates", which says how to measure them again).
+# What each default recipe took on SmolLM2-135M in a default sweep from a fresh --out (two workers at one thread each,
+# stage.json's seconds, so a stage's time includes the other worker's load on the machine; the first stage to need the
+# model holds its load and the collection of the sets it shares), and the reference sample's seconds per prompt
+# (``reference_pace``) at one thread: the cost of a probe never run under --out, analyses, wind tunnels and
+# sequential stopping included. Measured on a quiet 2-core AMD EPYC (AVX2), 2026-12-03 (docs/performance.md,
+# "The default sweep on a quiet machine", which says how to measure them again).
 REFERENCE_MODEL = "smollm2-135m"
-REFERENCE_FORWARD = 0.75
+REFERENCE_FORWARD = 0.114
 REFERENCE_SECONDS = dict(
-    axis=131.1, decoding=113.3, decoding_windtunnel=5.3, decoding_windtunnel_hmm=18.9,
-    decoding_windtunnel_replacement=12.6, entropy_neurons=579.0, entropy_neurons_windtunnel=128.9,
-    entropy_neurons_windtunnel_replacement=176.8, focusing=88.8, icl=772.2, keys=8.8, manifold_code=12.9,
-    manifold_math=9.2, manifold_mixed=10.7, martingale=433.0, martingale_windtunnel=32.7,
-    martingale_windtunnel_replacement=37.7, windtunnel=93.0, windtunnel_hmm=220.0, windtunnel_replacement=206.2,
-    interventions=1750.0)
+    axis=4.8, decoding=46.0, decoding_windtunnel=4.0, decoding_windtunnel_hmm=24.7,
+    decoding_windtunnel_replacement=11.8, entropy_neurons=112.0, entropy_neurons_windtunnel=14.7,
+    entropy_neurons_windtunnel_replacement=16.0, focusing=7.2, icl=150.3, keys=1.6, manifold_code=1.5,
+    manifold_math=1.5, manifold_mixed=1.7, martingale=86.0, martingale_windtunnel=4.3,
+    martingale_windtunnel_replacement=4.0, windtunnel=11.6, windtunnel_hmm=28.1, windtunnel_replacement=18.8,
+    interventions=736.2)
 
 
 def reference_seconds(probe: Probe, model: str) -> float | None:
