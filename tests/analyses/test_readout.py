@@ -36,11 +36,13 @@ def verdict(true, controls, groups, seed=0):
 
 
 def test_a_matched_axis_as_the_true_one_reads_does_not_hold_at_most_alpha_of_the_time():
-    """200 planted nulls (harm 0): "does not hold" in at most alpha of them (the range rule: 21, 10.5%)."""
+    """200 planted nulls (harm 0): "does not hold" in at most alpha of them (the range rule: 21, 10.5%), and the
+    no-harm case seen as such in at least 90% (measured: 186; 190 or more before the control-draw margin, which
+    leaves undecided a decision that another set of controls could move across delta)."""
     rng = np.random.default_rng(0)
     verdicts = [verdict(*planted_errors(rng, 0.0, noise=0.5), seed=i) for i in range(200)]
     assert sum(v == FAILS for v in verdicts) <= ALPHA * 200
-    assert sum(v == HOLDS for v in verdicts) >= 0.95 * 200  # and the no-harm case is seen as such
+    assert sum(v == HOLDS for v in verdicts) >= 0.9 * 200
 
 
 def test_a_harm_of_exactly_delta_is_misread_either_way_at_most_alpha_of_the_time():
@@ -94,3 +96,20 @@ def test_too_few_control_draws_or_mismatched_prompts_are_refused():
         readout_excess(true, controls[:1], groups, delta=DELTA)
     with pytest.raises(ConfigError, match="at least 2 control draws"):
         readout_excess(true[:-1], controls, groups, delta=DELTA)
+
+
+def test_a_decision_nearer_delta_than_another_set_of_controls_would_move_it_is_borderline():
+    """Matched axes whose mean errors spread (sd 0.0032 over 10: another set moves the excess by 0.001) and a harm
+    of delta - 3.5 x 0.001: the two-level interval ends below delta ("holds" by the interval alone), but nearer to it
+    than 3.3 x 0.001, the shift another set of controls makes at the resampling risk: borderline. Without the
+    spread, or far below delta, it holds."""
+    rng = np.random.default_rng(5)
+    true, controls, groups = planted_errors(rng, 0.0, n_groups=400, noise=0.05)
+    offsets = np.linspace(-1, 1, len(controls))
+    offsets = 0.001 * np.sqrt(len(controls)) * offsets / offsets.std(ddof=1)  # sd / sqrt(m) = 0.001 exactly
+    spread = controls + offsets[:, None]
+    row = readout_excess(true + DELTA - 0.0035, spread, groups, delta=DELTA)
+    assert row.high < DELTA and row.test["control_shift"] == pytest.approx(0.00329, abs=2e-5)
+    assert below_margin(row, DELTA) == BORDERLINE
+    assert verdict(true + DELTA - 0.0035, controls, groups) == HOLDS  # the same harm, controls that agree
+    assert verdict(true, spread, groups) == HOLDS  # the spread, far below delta
