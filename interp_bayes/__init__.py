@@ -47,7 +47,7 @@ _EXPORTS = {  # what a notebook needs (README.md, docs/ and examples/ use these)
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 
 def __getattr__(name: str):
