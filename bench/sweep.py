@@ -5,11 +5,13 @@ Each probe runs as a one-probe ``run_sweep`` on a model loaded once, into a run 
 prints the stage's seconds (its ``stage.json``), the process's CPU seconds over the call, and the seconds its torch
 matrix products and attention would take at the float32 matrix-product peak measured in this process
 (``bench/interventions.py``'s ``matmul_peak``, on the model's MLP shape; FLOPs counted by torch in a separate
-untimed run, ``--flops``). ``--baseline`` also runs every probe with numpy's and scipy's BLAS left at their default
-thread count (the sweep before ``run.sweep.cpu_threads``), alternating which variant goes first from probe to probe,
-each into its own run folder: the ratio of the two is the before/after of that change, side by side in one process.
+untimed run, ``--flops``). Each probe runs in every float32 mode of ``--modes`` (``model.numerics``; a mode that resolves
+like an earlier one on this CPU is run once: on a CPU without oneDNN's path, ``fast`` is IEEE), alternating which
+goes first from probe to probe, each into its own run folder, beside the peak measured in each mode; ``--baseline``
+also runs every probe with numpy's and scipy's BLAS left at their default thread count (the sweep before
+``run.sweep.cpu_threads``). Ratios are against the first mode, side by side in one process.
 
-    python bench/sweep.py --probes axis focusing keys --threads 1 --baseline
+    python bench/sweep.py --probes axis focusing keys --threads 1 --modes ieee fast
 """
 
 from __future__ import annotations
@@ -62,10 +64,14 @@ def main() -> None:
     from interp_bayes.run.config import SweepConfig
     from interventions import matmul_peak
 
+    from interp_bayes.model.numerics import float32_mode, resolve_float32
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probes", nargs="+", help="probe names (default: the sweep's)")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--modes", nargs="+", default=["ieee", "fast"], choices=["auto", "ieee", "fast"],
+                        help="float32 modes to time each probe in, side by side (the first is the reference)")
     parser.add_argument("--baseline", action="store_true", help="also time each probe with BLAS at its default")
     parser.add_argument("--flops", action="store_true", help="count each probe's FLOPs (one more, untimed, run)")
     parser.add_argument("--out", default=None, help="folder for the run folders (default: a temporary one)")
@@ -78,56 +84,60 @@ def main() -> None:
     t = time.perf_counter()
     model = load_model(args.model)
     load = time.perf_counter() - t
-    peak = matmul_peak(model)
-    print(f"{args.model}: loaded in {load:.1f}s; float32 matrix-product peak {peak:.1f} GFLOP/s at {args.threads} "
-          f"thread(s); run folders under {root}", flush=True)
+    # a mode that resolves like an earlier one would time the same arithmetic twice
+    modes = {}
+    for mode in args.modes:
+        modes.setdefault(resolve_float32(mode, "cpu"), mode)
+    peaks = {}
+    for resolved in modes:
+        with float32_mode(resolved):
+            peaks[resolved] = matmul_peak(model)
+    print(f"{args.model}: loaded in {load:.1f}s; float32 matrix-product peak at {args.threads} thread(s): "
+          + ", ".join(f"{m} {g:.1f} GFLOP/s" for m, g in peaks.items())
+          + f"; run folders under {root}", flush=True)
+    variants = [(m, config.override(float32=asked), sweep.cpu_threads) for m, asked in modes.items()]
+    if args.baseline:
+        variants.append(("BLAS free", variants[0][1], free_blas))
     held = sweep.cpu_threads
     results = {}
     for i, name in enumerate(names):
-        variants = ["held", "free"] if args.baseline else ["held"]
-        if i % 2:
-            variants.reverse()
+        order = variants if i % 2 == 0 else variants[::-1]  # alternate which goes first
         r = {}
-        for variant in variants:
-            sweep.cpu_threads = held if variant == "held" else free_blas
+        for label, cfg, threads in order:
+            sweep.cpu_threads = threads
             try:
-                r[variant] = one_probe(config, model, name, root / variant)
+                r[label] = one_probe(cfg, model, name, root / label.replace(" ", "-"))
             finally:
                 sweep.cpu_threads = held
         if args.flops:
             r["flops"] = counted(config, model, name, root / f"flops-{name}")
         results[name] = r
-        line = f"{name}: stage {r['held']['stage']:.1f}s, CPU {r['held']['cpu']:.1f}s"
-        if "free" in r:
-            line += f"; BLAS at its default: stage {r['free']['stage']:.1f}s, CPU {r['free']['cpu']:.1f}s"
-        print(line, flush=True)
+        print(f"{name}: " + "; ".join(f"{label}: stage {r[label]['stage']:.1f}s, CPU {r[label]['cpu']:.1f}s"
+                                      for label, _, _ in variants), flush=True)
 
-    head = "| probe | stage s | CPU s |" + (" before: stage s | CPU s | stage ratio | CPU ratio |" if args.baseline
-                                           else "") + (" TFLOP | bound s at peak |" if args.flops else "")
+    first = variants[0][0]
+    head = "| probe | " + " | ".join(f"{label}: stage s | CPU s" + ("" if label == first else " | stage ratio")
+                                     for label, _, _ in variants) + " |" + \
+        (" TFLOP | bound s at peak |" if args.flops else "")
     print("\n" + head + "\n|" + "---|" * (head.count("|") - 1))
-    total = dict(stage=0.0, cpu=0.0, fstage=0.0, fcpu=0.0, flops=0)
-    for name, r in results.items():
-        h = r["held"]
-        cells = [name, f"{h['stage']:.1f}", f"{h['cpu']:.1f}"]
-        total["stage"] += h["stage"]
-        total["cpu"] += h["cpu"]
-        if "free" in r:
-            f = r["free"]
-            cells += [f"{f['stage']:.1f}", f"{f['cpu']:.1f}", f"{h['stage'] / f['stage']:.2f}",
-                      f"{h['cpu'] / f['cpu']:.2f}"]
-            total["fstage"] += f["stage"]
-            total["fcpu"] += f["cpu"]
-        if "flops" in r:
-            cells += [f"{r['flops'] / 1e12:.3f}", f"{r['flops'] / 1e9 / peak:.1f}"]
-            total["flops"] += r["flops"]
+    total = {label: dict(stage=0.0, cpu=0.0) for label, _, _ in variants}
+    total_flops = 0
+    for name, r in [*results.items(), ("all", None)]:
+        cells = [name]
+        for label, _, _ in variants:
+            v = r[label] if r else total[label]
+            if r:
+                total[label]["stage"] += v["stage"]
+                total[label]["cpu"] += v["cpu"]
+            cells += [f"{v['stage']:.1f}", f"{v['cpu']:.1f}"]
+            if label != first:
+                ref = r[first] if r else total[first]
+                cells.append(f"{v['stage'] / ref['stage']:.2f}")
+        if args.flops:
+            flops = r["flops"] if r else total_flops
+            total_flops += flops if r else 0
+            cells += [f"{flops / 1e12:.3f}", f"{flops / 1e9 / peaks[next(iter(peaks))]:.1f}"]
         print("| " + " | ".join(cells) + " |")
-    cells = ["all", f"{total['stage']:.1f}", f"{total['cpu']:.1f}"]
-    if args.baseline:
-        cells += [f"{total['fstage']:.1f}", f"{total['fcpu']:.1f}", f"{total['stage'] / total['fstage']:.2f}",
-                  f"{total['cpu'] / total['fcpu']:.2f}"]
-    if args.flops:
-        cells += [f"{total['flops'] / 1e12:.3f}", f"{total['flops'] / 1e9 / peak:.1f}"]
-    print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
