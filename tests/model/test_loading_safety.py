@@ -375,14 +375,14 @@ def test_sigterm_stops_like_ctrl_c_and_the_rerun_equals_a_clean_run(tmp_path):
 # 5. one collection of an activation set that two sweeps ask for at once
 
 def test_two_contexts_asking_for_one_activation_set_collect_it_once(tmp_path, monkeypatch):
-    from interp_bayes.model import read as reader
+    from interp_bayes.run import sweep
     from interp_bayes.run.sweep import Context
 
     folder = tmp_path / "tiny"
     make_tiny_model("llama3", folder)
     bridge = load_model(folder)
     config = SweepConfig(model=str(folder), quiet=True)
-    real, calls, inside = reader.read, [], threading.Event()
+    real, calls, inside = sweep.read, [], threading.Event()
 
     def slow_read(*args, **kwargs):  # holds the set's lock long enough for the second asker to arrive
         calls.append(threading.current_thread().name)
@@ -390,7 +390,7 @@ def test_two_contexts_asking_for_one_activation_set_collect_it_once(tmp_path, mo
         time.sleep(1.0)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reader, "read", slow_read)
+    monkeypatch.setattr(sweep, "read", slow_read)  # the name Context.activations calls
     messages, results = [], {}
     prompts = [[0, 5, 9, 14], [3, 8, 2, 7], [11, 12, 13, 1]]
 

@@ -304,7 +304,7 @@ def test_logits_and_groups_survive_save_and_load(tmp_path):
 # --- Context.activations: a wind tunnel's readings cached by identity -------------------------------------------------
 
 def test_context_caches_a_tunnels_readings_by_identity(tmp_path, monkeypatch):
-    import interp_bayes.model.read as reader
+    import interp_bayes.run.sweep as reader  # the module whose `read` Context.activations calls
     from interp_bayes.core.store import content_key
     from interp_bayes import __version__
     from interp_bayes.run.config import SweepConfig
