@@ -11,8 +11,7 @@ stratum's mean component over the evaluation prompts. A control direction is abl
 from __future__ import annotations
 
 # pandas and plotly are imported inside the methods that build a table or a figure: computing rows needs neither
-from dataclasses import dataclass, field, replace
-from statistics import NormalDist
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from ..stats import as_float64, bootstrap, donors_within, interval, percentile_o
 from ..stats.calibration import compare_to_bayes
 from ..stats.pca import correlations
 from ..stats.resample import paired_excess_draws
-from ..stats.sequential import UNDECIDED, sequential_test, sequential_tests
+from ..stats.sequential import UNDECIDED, beyond_redraw, sequential_test, sequential_tests
 from .controls import CONTROL_FAMILIES, FULL_CONTROLS, RANDOM_FAMILIES, control_directions
 
 MEASURES = ("mae_k_ge_1", "corr_bayes", "kl_bits", "geom_downstream")  # what ``summarize`` reports by default
@@ -315,13 +314,8 @@ def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, 
     value = float(true_err.mean() - control_err.mean())
     test = sequential_test(paired_excess_draws(true_err, control_err, groups, seed=seed), delta,
                            alternative="two-sided")
-    # Another set of m control axes (another --seed) moves the excess, and its interval with it, by sd / sqrt(m) of
-    # the axes' mean errors: a decision nearer delta than that times z at the resampling risk is left undecided, so
-    # that "holds" at one seed and "does not hold" at another cannot both happen (risk epsilon each)
-    shift = NormalDist().inv_cdf(1 - test.epsilon / 2) * float(control_err.mean(axis=1).std(ddof=1)) / np.sqrt(m)
-    low, high = test.null
-    if test.settled and not (high + shift < delta or low - shift > delta):
-        test = replace(test, decision=UNDECIDED)
+    # another set of m control axes (another --seed) moves the excess and its interval with it
+    test, shift = beyond_redraw(test, delta, control_err.mean(axis=1))
     return Row("readout_excess", value, "bits", dict(scope or {}), *test.null, "two-level bootstrap 95%", n=n,
                note=f"true ablation minus the mean of {m} matched ones; decided against {delta:g} bits, at least "
                     f"{shift:.2g} from it (another set of controls moves it that far at the resampling risk)",

@@ -11,6 +11,7 @@ and huggingface_hub (~1 s) inside those that ask about a Hub id: every command a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -436,6 +437,7 @@ def memory_needed(n_params: int, dtype: torch.dtype) -> int:
     return device_bytes_needed("cpu", n_params * torch.finfo(dtype).bits // 8)
 
 
+@functools.lru_cache(maxsize=8)  # a dry run asks for it from its estimate and its calibration
 def load_footprint(ref) -> tuple[int, int] | None:
     """(parameters, bytes of RAM one CPU load needs: ``memory_needed`` at its dtype) of a ``ModelRef``, from its
     config alone; None when the config cannot be read here (a Hub id offline and not cached)."""

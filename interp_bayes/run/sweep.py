@@ -585,8 +585,9 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = (), ref:
     say = (lambda *_: None) if config.quiet else print
     ctx = Context(folder, config, say, model, ref=ref)
     check_probes(ctx, probes, redo)  # before anything is written
-    workers = sweep_workers(config, ref, model, stages=sum(p.name in redo or stage_problem(
-        folder / "probes" / p.name, p.key()) is not None for p in probes))
+    # each stage's files are hashed once here: what is cached decides the workers and seeds the ETA
+    cached = {p.name for p in probes if stage_problem(folder / "probes" / p.name, p.key()) is None}
+    workers = sweep_workers(config, ref, model, stages=sum(p.name in redo or p.name not in cached for p in probes))
     created = _create(folder)
     record = dict(probes=[dict(name=p.name, kind=p.kind.name) for p in probes])
     helpers: list = []
@@ -604,7 +605,7 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = (), ref:
             views_current = (folder / "report.html").exists()
             try:
                 helpers = _start_helpers(config, workers)
-                views_current = _compute(ctx, probes, redo, run, workers) and views_current
+                views_current = _compute(ctx, probes, redo, run, workers, cached=cached) and views_current
                 _join_helpers(helpers)
                 if (folder / "model.json").exists() and _model_json_stale(ctx):
                     say("model.json is damaged or does not match the model: loading it to write it again")
@@ -651,12 +652,14 @@ def worker_threads(config: SweepConfig, workers: int) -> int | None:
 
 
 def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, workers: int,
-             helper: bool = False) -> bool:
+             helper: bool = False, cached: set[str] | None = None) -> bool:
     """Compute every stage of ``probes`` not cached, each under its lock; whether the views were rebuilt after the
-    last stage computed here (``helper``: a helper worker, which speaks of the stages it computes only). With several workers every worker takes the longest stages first (``expected``) and
-    passes over a stage another worker holds, then waits for those at the end (finding them cached)."""
+    last stage computed here (``helper``: a helper worker, which speaks of the stages it computes only; ``cached``:
+    the probes found cached just before, else looked up here). With several workers every worker takes the longest
+    stages first (``expected``) and passes over a stage another worker holds, then waits for those at the end
+    (finding them cached)."""
     folder, say = ctx.folder, ctx.say
-    eta = ETA(probes, folder, ctx.config.model, workers)
+    eta = ETA(probes, folder, ctx.config.model, workers, cached=cached)
     index = {p.name: i for i, p in enumerate(probes, start=1)}
     order = probes if workers == 1 else sorted(probes, key=lambda p: -(eta.expected(p.name) or 0.0))
     views_current, passed = True, []
@@ -754,12 +757,16 @@ class ETA:
     the others. With several workers the rest takes its ``makespan``, and a stage another worker finished (its
     stage.json there) is no longer left."""
 
-    def __init__(self, probes: list, folder: Path, model: str = "", workers: int = 1) -> None:
-        self.left, self.reference, self.cached_at_start = {}, {}, set()
+    def __init__(self, probes: list, folder: Path, model: str = "", workers: int = 1,
+                 cached: set[str] | None = None) -> None:
+        """``cached``: the probes whose stages are cached now, when the caller has just checked them."""
+        if cached is None:
+            cached = {p.name for p in probes if stage_problem(folder / "probes" / p.name, p.key()) is None}
+        self.left, self.reference = {}, {}
+        self.cached_at_start = {p.name for p in probes if p.name in cached}
         for p in probes:
-            if stage_problem(folder / "probes" / p.name, p.key()) is None:  # cached
+            if p.name in cached:
                 self.left[p.name] = 0.0
-                self.cached_at_start.add(p.name)
                 continue
             self.left[p.name] = recorded_seconds(folder, p.name)
             if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:

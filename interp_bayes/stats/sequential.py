@@ -40,7 +40,7 @@ calls ``draw(b, open)`` with the [m] mask of the columns still undecided, and th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -260,3 +260,17 @@ def beyond(draw: Callable[[int], np.ndarray], threshold: float, side: str = "abo
            **kw) -> Decision:
     """``beyond_each`` for one statistic against one threshold."""
     return beyond_each(draw, [threshold], side, level=level, **kw)[0]
+
+
+def beyond_redraw(test: Decision, threshold: float, means) -> tuple[Decision, float]:
+    """``test`` of an interval against ``threshold`` (``sequential_test``, its interval in ``test.null``) kept only
+    where that interval ends farther from ``threshold`` than a redraw of the m inputs the interval holds fixed would
+    move it: the sd of their ``means`` [m] over sqrt(m) times the normal quantile at the test's resampling risk
+    (two-sided); else undecided. Returns (the decision, that shift). Two runs with other draws of those inputs then
+    cannot settle on opposite sides (risk epsilon each)."""
+    means = as_float64(means).reshape(-1)
+    shift = float(sps.norm.isf(test.epsilon / 2) * means.std(ddof=1) / np.sqrt(len(means)))
+    low, high = test.null
+    if test.settled and not (high + shift < threshold or low - shift > threshold):
+        test = replace(test, decision=UNDECIDED)
+    return test, shift

@@ -156,3 +156,20 @@ def test_stream_test_asks_an_indexed_stream_in_order_and_a_larger_cap_extends_it
     wide = stream_test(null, 0.05, cap=400, batch=100)
     assert asked[0] == (0, 100) and all(a[1] == b[0] for a, b in zip(asked, asked[1:]))
     assert wide.draws == asked[-1][1] and list(wide.null) == interval(stream[:wide.draws])
+
+
+def test_a_decision_within_a_redraws_reach_of_the_threshold_is_undecided():
+    """An interval (0.0, 0.0085) settled below 0.01: kept when the redrawn inputs agree (shift 0), undecided when
+    their means spread so that a redraw moves it by 3.29 x 0.001 (past 0.01); an undecided test stays so."""
+    from interp_bayes.stats.sequential import Decision, beyond_redraw
+
+    below = Decision(REJECT, 0.001, 0.0, 0.004, 550, 0.05, EPSILON, (0.0, 0.0085))
+    kept, shift = beyond_redraw(below, 0.01, np.full(10, 0.25))
+    assert kept.decision == REJECT and shift == 0.0
+    means = np.linspace(-1, 1, 10)
+    means = 0.25 + 0.001 * np.sqrt(10) * means / means.std(ddof=1)  # sd / sqrt(m) = 0.001
+    moved, shift = beyond_redraw(below, 0.01, means)
+    assert moved.decision == UNDECIDED and shift == pytest.approx(sps.norm.isf(EPSILON / 2) * 0.001)
+    assert beyond_redraw(below, 0.02, means)[0].decision == REJECT  # far enough from another threshold
+    open_ = Decision(UNDECIDED, 0.05, 0.03, 0.07, 10_000, 0.05, EPSILON, (0.0, 0.012))
+    assert beyond_redraw(open_, 0.01, np.full(10, 0.25))[0].decision == UNDECIDED
