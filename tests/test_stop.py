@@ -168,3 +168,14 @@ def test_a_stop_is_honoured_between_batches_of_a_sequential_null():
     with stop_on_signal(), pytest.raises(Stopped):
         sequential_test(draw, 1.645, cap=100_000)  # at p near alpha: undecided for many batches
     assert len(batches) == 2
+
+
+def test_calls_registered_at_safe_points_run_at_each_check_until_the_block_ends():
+    from interp_bayes.core.stop import at_safe_points, check_stop
+
+    calls = []
+    with at_safe_points(lambda: calls.append(1)):
+        check_stop()
+        check_stop()
+    check_stop()
+    assert calls == [1, 1]

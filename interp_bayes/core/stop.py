@@ -4,6 +4,8 @@ A handler that raises runs in whatever frame is current; when that frame is a fi
 ``Group.__del__`` during tokenisation), Python prints "Exception ignored" and drops the exception, and the work
 runs to the end. So the handler only records the signal, and long loops call ``check_stop()`` between steps, where
 raising is safe. ``Stopped`` is a KeyboardInterrupt, so a stop takes Ctrl-C's path (a sweep rebuilds its views).
+The same safe points run other calls a caller registers (``at_safe_points``): a sweep's first worker takes the
+cores of helpers that have finished there.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 _requested: list[int] = []  # the signals received since ``stop_on_signal`` was entered
+_safe_point_calls: list[Callable[[], None]] = []  # what ``check_stop`` runs besides (``at_safe_points``)
 
 
 class Stopped(KeyboardInterrupt):
@@ -26,9 +29,23 @@ def stop_requested() -> int | None:
 
 
 def check_stop() -> None:
-    """Raise ``Stopped`` if a stop was asked; call between steps of a long loop."""
+    """Raise ``Stopped`` if a stop was asked, else run the calls ``at_safe_points`` holds; call between steps of a
+    long loop."""
     if _requested:
         raise Stopped()
+    for call in _safe_point_calls:
+        call()
+
+
+@contextmanager
+def at_safe_points(call: Callable[[], None]) -> Iterator[None]:
+    """Run ``call`` at every ``check_stop`` while the block runs: in the thread of the work itself, between its
+    steps, where a change to that thread's settings (torch's thread count) takes effect at once."""
+    _safe_point_calls.append(call)
+    try:
+        yield
+    finally:
+        _safe_point_calls.remove(call)
 
 
 @contextmanager

@@ -40,7 +40,7 @@ from ..core.plugin import Kind, Params, PlanItem
 from ..core.prompts import load_source, package_data_dir
 from ..core.registry import get_kind, provenance
 from ..core.results import Row, records, to_csv, write_rows
-from ..core.stop import check_stop, stop_on_signal
+from ..core.stop import at_safe_points, check_stop, stop_on_signal
 from ..core.store import (MANIFEST, atomic_write_text, building, checked_name, claim_folder_lock, content_key,
     environment, git_commit, inside, read_json, read_yaml, remove_if_unused, seal, slug, stage_lock, unseal, warn,
     working_in, write_json)
@@ -400,10 +400,14 @@ def cpu_threads(threads: int | None):
     product and eigendecomposition of the statistics, and a thread that spins waiting for a core another job holds
     costs more than it brings: a bootstrap of PCA shares ran 8-10x slower in wall time at two BLAS threads than at
     one beside a one-thread sweep on the shared 2-core machine (docs/performance.md)."""
+    previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
-    with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
-        yield
+    try:
+        with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
+            yield
+    finally:  # a caller in-process (a notebook) gets its count back, whatever the sweep set meanwhile
+        torch.set_num_threads(previous)
 
 
 # What each default recipe took on SmolLM2-135M in a default sweep from a fresh --out (two workers at one thread each,
@@ -453,22 +457,26 @@ class Estimate:
     pace: float | None = None  # this machine's forward against the reference one (``reference_pace``)
 
     workers: int = 1  # processes the stages run in (``sweep_workers``)
+    alone: float = 1.0  # the last worker's pace once the others are done (``alone_pace``)
 
     @property
     def total(self) -> float:
         """The probes' seconds spread over the workers (``makespan``), and the model's load where only forwards time
         them (a recorded or reference stage holds the load when it was the first to need the model)."""
-        return makespan(self.seconds.values(), self.workers) + \
+        return makespan(self.seconds.values(), self.workers, self.alone) + \
             (self.load if "throughput" in self.source.values() else 0.0)
 
 
-def makespan(seconds, workers: int) -> float:
+def makespan(seconds, workers: int, alone: float = 1.0) -> float:
     """Seconds until ``workers`` processes finish stages of these ``seconds``, each taking the longest stage left
-    when it is free (as ``_compute`` orders them)."""
+    when it is free (as ``_compute`` orders them), the last one at pace ``alone`` once the others are done (it takes
+    their cores: ``alone_pace``)."""
     loads = [0.0] * workers
     for s in sorted(seconds, reverse=True):
         loads[loads.index(min(loads))] += s
-    return max(loads)
+    *others, last = sorted(loads)
+    done = others[-1] if others else 0.0
+    return done + (last - done) * alone
 
 
 def calibrate(config: SweepConfig, items: list[PlanItem],
@@ -533,7 +541,7 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
             forwards = sum(i.forwards for i in items if i.probe == item.probe and not i.model)
             seconds[item.probe], source[item.probe] = forwards * per_forward, "throughput"
     workers = sweep_workers(config, ref or config.model_ref(), stages=len(todo))
-    return Estimate(seconds, source, per_forward, calibration, load, pace, workers)
+    return Estimate(seconds, source, per_forward, calibration, load, pace, workers, alone_pace(config, workers))
 
 
 def _create(folder: Path) -> Path | None:
@@ -605,7 +613,10 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = (), ref:
             views_current = (folder / "report.html").exists()
             try:
                 helpers = _start_helpers(config, workers)
-                views_current = _compute(ctx, probes, redo, run, workers, cached=cached) and views_current
+                widen = _take_cores_of_finished_helpers(helpers, workers * worker_threads(config, workers), say) \
+                    if helpers and config.threads is None else (lambda: None)
+                with at_safe_points(widen):
+                    views_current = _compute(ctx, probes, redo, run, workers, cached=cached) and views_current
                 _join_helpers(helpers)
                 if (folder / "model.json").exists() and _model_json_stale(ctx):
                     say("model.json is damaged or does not match the model: loading it to write it again")
@@ -651,6 +662,36 @@ def worker_threads(config: SweepConfig, workers: int) -> int | None:
     return config.threads or (1 if workers > 1 else None)
 
 
+# The first worker's pace once it is alone and takes the cores of the others (``_take_cores_of_finished_helpers``):
+# the interventions stage, matrix products almost all, took 393 s at two torch threads and 736 s at one on the quiet
+# 2-core machine (docs/performance.md).
+TWO_THREAD_PACE = 393.3 / 736.2
+
+
+def alone_pace(config: SweepConfig, workers: int) -> float:
+    """The last worker's pace against one thread once the other workers are done: ``TWO_THREAD_PACE`` where it
+    takes their cores (two workers or more at threads the sweep chose), else 1."""
+    return TWO_THREAD_PACE if workers > 1 and config.threads is None else 1.0
+
+
+def _take_cores_of_finished_helpers(helpers: list, threads: int, say: Callable) -> Callable[[], None]:
+    """A safe-point call (``core.stop.at_safe_points``) for the first worker: once every helper has exited, its
+    torch threads go up to ``threads`` (the cores the workers held together), so that a long last stage does not
+    go on at one thread beside idle cores (the default sweep's interventions stage ran alone for its last 185 s).
+    SmolLM2's forwards gave byte-equal logits at one and two threads on the quiet 2-core machine; where the BLAS
+    sums in another order at two, the numbers move by float32 rounding, as between any two thread counts."""
+    taken = []
+
+    def call() -> None:
+        if taken or any(h.is_alive() for h in helpers):
+            return
+        taken.append(threads)
+        torch.set_num_threads(threads)
+        say(f"[workers] the other workers are done: {threads} torch threads from here")
+
+    return call
+
+
 def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, workers: int,
              helper: bool = False, cached: set[str] | None = None) -> bool:
     """Compute every stage of ``probes`` not cached, each under its lock; whether the views were rebuilt after the
@@ -659,7 +700,7 @@ def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, w
     stages first (``expected``) and passes over a stage another worker holds, then waits for those at the end
     (finding them cached)."""
     folder, say = ctx.folder, ctx.say
-    eta = ETA(probes, folder, ctx.config.model, workers, cached=cached)
+    eta = ETA(probes, folder, ctx.config.model, workers, cached=cached, alone=alone_pace(ctx.config, workers))
     index = {p.name: i for i, p in enumerate(probes, start=1)}
     order = probes if workers == 1 else sorted(probes, key=lambda p: -(eta.expected(p.name) or 0.0))
     views_current, passed = True, []
@@ -758,8 +799,9 @@ class ETA:
     stage.json there) is no longer left."""
 
     def __init__(self, probes: list, folder: Path, model: str = "", workers: int = 1,
-                 cached: set[str] | None = None) -> None:
-        """``cached``: the probes whose stages are cached now, when the caller has just checked them."""
+                 cached: set[str] | None = None, alone: float = 1.0) -> None:
+        """``cached``: the probes whose stages are cached now, when the caller has just checked them; ``alone``: the
+        last worker's pace once the others are done (``alone_pace``)."""
         if cached is None:
             cached = {p.name for p in probes if stage_problem(folder / "probes" / p.name, p.key()) is None}
         self.left, self.reference = {}, {}
@@ -771,7 +813,7 @@ class ETA:
             self.left[p.name] = recorded_seconds(folder, p.name)
             if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:
                 self.reference[p.name] = ref
-        self.folder, self.workers = folder, workers
+        self.folder, self.workers, self.alone = folder, workers, alone
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
         self.paced = [0.0, 0.0]  # seconds and reference seconds of this run's probes that have a reference
@@ -792,7 +834,7 @@ class ETA:
         if not known:
             return 0.0 if all(s == 0 for s in left.values()) else None
         mean = sum(known) / len(known)
-        return makespan([s if s is not None else mean for s in left.values()], self.workers)
+        return makespan([s if s is not None else mean for s in left.values()], self.workers, self.alone)
 
     def start(self, i: int, probe, say) -> None:
         left = self.remaining()

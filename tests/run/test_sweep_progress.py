@@ -140,6 +140,8 @@ def test_workers_take_the_longest_stage_first_and_the_estimate_their_makespan(ti
 
     assert sweep.makespan([5, 4, 3, 3, 1], 2) == 8  # 5+3 | 4+3+1
     assert sweep.makespan([5, 4, 3], 1) == 12 and sweep.makespan([], 2) == 0
+    # the last worker, alone after 2 s, takes the other's core: its 8 s left at half the time
+    assert sweep.makespan([10, 2], 2, alone=0.5) == 6 and sweep.makespan([5, 4, 3, 3, 1], 2, alone=0.5) == 8
     config = SweepConfig(model=str(tiny_dirs["llama3"]))
     ref = config.model_ref()
     monkeypatch.setattr(sweep.os, "cpu_count", lambda: 2)
@@ -153,3 +155,36 @@ def test_workers_take_the_longest_stage_first_and_the_estimate_their_makespan(ti
     assert sweep.sweep_workers(config, ref, model=object()) == 1
     monkeypatch.setattr(sweep.os, "cpu_count", lambda: 1)
     assert sweep.sweep_workers(config, ref) == 1
+
+
+def test_the_first_worker_takes_the_cores_of_helpers_once_all_have_exited():
+    """At a safe point after every helper has exited, the first worker's torch threads go up to the workers' cores
+    (said once); while one still runs, nothing changes. A sweep whose threads were given keeps them."""
+    import torch
+
+    import interp_bayes.run.sweep as sweep
+
+    class Helper:
+        alive = True
+
+        def is_alive(self):
+            return self.alive
+
+    helpers, said, threads = [Helper(), Helper()], [], torch.get_num_threads()
+    call = sweep._take_cores_of_finished_helpers(helpers, 2, said.append)
+    try:
+        torch.set_num_threads(1)
+        helpers[0].alive = False
+        call()
+        assert torch.get_num_threads() == 1 and not said
+        helpers[1].alive = False
+        call()
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        call()  # once only
+        assert torch.get_num_threads() == 1 and len(said) == 1 and "2 torch threads" in said[0]
+    finally:
+        torch.set_num_threads(threads)
+    config = SweepConfig(model="x")
+    assert sweep.alone_pace(config, 2) == sweep.TWO_THREAD_PACE < 1
+    assert sweep.alone_pace(config, 1) == sweep.alone_pace(config.override(threads=1), 2) == 1.0
