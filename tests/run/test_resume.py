@@ -149,3 +149,46 @@ def test_two_workers_compute_each_stage_once_with_the_results_of_one(sweep_setup
     assert sorted(got) == sorted(want)
     for rel in want:
         assert got[rel] == want[rel], f"{rel} differs between two workers and one"
+
+
+def test_sigterm_to_a_two_worker_sweep_stops_both_and_the_rerun_equals_a_clean_run(sweep_setup, tmp_path):
+    """SIGTERM to the first of two workers while both compute a stage: it stops the helper (no orphan computes on),
+    exits 143 with one line, leaves no temporary folder, and a rerun computes only the rest, with the results of an
+    uninterrupted one-worker run."""
+    import psutil
+
+    model, probes = sweep_setup
+    out, clean_out = tmp_path / "stopped", tmp_path / "clean"
+    clean = subprocess.Popen([*_command(model, clean_out, probes), "--workers", "1"], env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([*_command(model, out, probes), "--workers", "2"], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while len(list(out.glob("*/*/probes/.*"))) < 2:  # two stages building at once: one per worker
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.01)
+        helpers = psutil.Process(first.pid).children(recursive=True)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=TIMEOUT)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and len([x for x in err.splitlines() if "terminated (SIGTERM)" in x]) == 1, err
+    assert helpers and not [p for p in helpers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    (folder,) = out.glob("*/*")
+    assert not list(folder.rglob(".*")), "a stage's temporary folder was left behind"
+    finished = {p.parent.name for p in folder.glob("probes/*/stage.json")}
+    assert finished < set(PROBES), "the stop landed after the sweep finished: make the probes heavier"
+
+    rerun = run_sweep(SweepConfig(model=str(model), out=str(out), prompts="basic", probes=probes, quiet=True,
+                                  workers=1))
+    assert sorted(rerun.computed) == sorted(set(PROBES) - finished)
+    _, clean_err = clean.communicate(timeout=TIMEOUT)
+    assert clean.returncode == 0, clean_err
+    (clean_folder,) = clean_out.glob("*/*")
+    got, want = _results(folder), _results(clean_folder)
+    assert sorted(got) == sorted(want)
+    for rel in want:
+        assert got[rel] == want[rel], f"{rel} differs between the rerun after a stop and an uninterrupted run"
