@@ -168,7 +168,7 @@ def test_sigterm_to_a_two_worker_sweep_stops_both_and_the_rerun_equals_a_clean_r
         while len(list(out.glob("*/*/probes/.*"))) < 2:  # two stages building at once: one per worker
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.01)
-        helpers = psutil.Process(first.pid).children(recursive=True)
+        children = {p: " ".join(p.cmdline()) for p in psutil.Process(first.pid).children(recursive=True)}
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=TIMEOUT)
     finally:
@@ -176,7 +176,11 @@ def test_sigterm_to_a_two_worker_sweep_stops_both_and_the_rerun_equals_a_clean_r
             first.kill()
     assert first.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and len([x for x in err.splitlines() if "terminated (SIGTERM)" in x]) == 1, err
-    assert helpers and not [p for p in helpers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    # the helper worker is gone when the first exits; multiprocessing's resource tracker follows within moments
+    workers = [p for p, command in children.items() if "spawn_main" in command]
+    assert len(workers) == 1 and not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    _, alive = psutil.wait_procs(list(children), timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
     (folder,) = out.glob("*/*")
     assert not list(folder.rglob(".*")), "a stage's temporary folder was left behind"
     finished = {p.parent.name for p in folder.glob("probes/*/stage.json")}
