@@ -24,7 +24,8 @@ from ..core.plugin import Claim, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
 from .common import check_folds, figure_per_probe, sula_groups, sula_prompts, sula_request, sula_task
-from .windtunnel import TunnelParams, load_windtunnel_task, tunnel_plan, tunnel_subject, windtunnel_prompts
+from .windtunnel import (TunnelParams, load_windtunnel_task, tunnel_plan, tunnel_prefix, tunnel_subject,
+                         windtunnel_prompts)
 from ..analyses.causal import Training, das_report, model_site
 from ..core.errors import ConfigError
 from ..core.figures import COLOURS, error_bars
@@ -119,10 +120,6 @@ def run(ctx, p: CausalSubspaceParams) -> Result:
     return Result(rows, data)
 
 
-def _where(p) -> str:
-    return "" if p.tunnel is None else f"{tunnel_subject(p)}: "
-
-
 def summary(rows: list[Row], p: CausalSubspaceParams) -> list[Line]:
     out = []
     for r in select(rows, "iia"):
@@ -133,7 +130,7 @@ def summary(rows: list[Row], p: CausalSubspaceParams) -> list[Line]:
                 f"axes {axes.value:.2f}" if axes is not None else f"{r.value:.2f}")
         if pc1 is not None:
             text += f"; angle to PC1 {pc1.value:.0f}° (random {pc1.null_low:.0f}-{pc1.null_high:.0f}°)"
-        out.append(Line(f"{_where(p)}DAS IIA L{at['layer']} {at['reading']} d={at['d']} ({at['target']} target)",
+        out.append(Line(f"{tunnel_prefix(p)}DAS IIA L{at['layer']} {at['reading']} d={at['d']} ({at['target']} target)",
                         text, r.verdict()))
     return out
 

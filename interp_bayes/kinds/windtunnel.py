@@ -85,6 +85,11 @@ def tunnel_subject(p: TunnelParams) -> str:
     return "" if p.tunnel is None else Path(p.tunnel).name
 
 
+def tunnel_prefix(p: TunnelParams) -> str:
+    """A summary line's prefix naming the wind tunnel ("<name>: "; "" on the sweep's model)."""
+    return "" if p.tunnel is None else f"{tunnel_subject(p)}: "
+
+
 def tunnel_plan(p: TunnelParams, what: str, forwards: int = 0) -> list[PlanItem]:
     """The dry-run line of a probe on the wind tunnel ``p.tunnel``: ``what`` it computes there, with ``forwards``
     prompt forward passes where it counts them."""
