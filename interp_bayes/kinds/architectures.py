@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import ConfigError
-from ..core.plugin import Figure, Kind, Line, Params, PlanItem, Result
+from ..core.plugin import Kind, Line, Params, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from ..stats.ledger import BORDERLINE
@@ -21,8 +21,9 @@ from ..windtunnel.configs import ARCHS  # the table's rows
 from ..windtunnel.evaluate import evaluate_windtunnel
 from ..windtunnel.table import task_entry
 from ..windtunnel.tunnels import PACKAGED, open_tunnel, tunnel_config
+from .common import figure_per_probe
 from .windtunnel import DISCRETE_TASKS, tunnel_folder
-from ..core.figures import error_bars, layout
+from ..core.figures import error_bars
 
 TUNNELS = ("bijection", "bijection-replacement", "hmm", "hmm-sticky", "recall")  # the table's columns
 # Paper I v3 (issue 27): KL in bits for the bijection and the paper-family HMM, % correct for associative recall
@@ -126,28 +127,22 @@ def summary(rows: list[Row], p: ArchitecturesParams) -> list[Line]:
     return [Line(f"{arch} on {tunnel}", *cell(rows, arch, tunnel)) for arch in ARCHS for tunnel in TUNNELS]
 
 
-def figures(probes) -> list[Figure]:
+@figure_per_probe("architectures", subject)
+def figures(fig, pr, where):
     """Per probe: each checkpoint's margin over its best window filter with its interval, one trace per
     architecture across the tunnels."""
-    import plotly.graph_objects as go
-
-    out = []
-    for pr in probes:
-        fig = go.Figure()
-        for arch in ARCHS:
-            rs = sorted(select(pr.rows, "margin_bits", arch=arch), key=lambda r: TUNNELS.index(r.scope["tunnel"]))
-            if rs:
-                fig.add_scatter(x=[r.scope["tunnel"] for r in rs], y=[r.value for r in rs], mode="markers",
-                                name=arch, text=[r.scope["checkpoint"] for r in rs],
-                                error_y=error_bars(rs))
-        fig.add_hline(y=0, line=dict(dash="dot", color="grey"))
-        fig.update_xaxes(title_text="tunnel", type="category", categoryorder="array", categoryarray=list(TUNNELS))
-        fig.update_yaxes(title_text="best window's KL minus the model's (bits)")
-        out.append(Figure(f"architectures-{pr.name}", "Architectures against the best window filter", layout(
-            fig, "Margin over the best window filter, per architecture and tunnel"),
-            "Above 0: the model beats every window filter. Paired bootstrap 95% intervals over sequences; hover "
-            "for the checkpoint.", subject=SUBJECT))
-    return out
+    for arch in ARCHS:
+        rs = sorted(select(pr.rows, "margin_bits", arch=arch), key=lambda r: TUNNELS.index(r.scope["tunnel"]))
+        if rs:
+            fig.add_scatter(x=[r.scope["tunnel"] for r in rs], y=[r.value for r in rs], mode="markers", name=arch,
+                            text=[r.scope["checkpoint"] for r in rs], error_y=error_bars(rs))
+    fig.add_hline(y=0, line=dict(dash="dot", color="grey"))
+    fig.update_xaxes(title_text="tunnel", type="category", categoryorder="array", categoryarray=list(TUNNELS))
+    fig.update_yaxes(title_text="best window's KL minus the model's (bits)")
+    return ("Architectures against the best window filter",
+            "Margin over the best window filter, per architecture and tunnel",
+            "Above 0: the model beats every window filter. Paired bootstrap 95% intervals over sequences; hover for "
+            "the checkpoint.")
 
 
 def plan(ctx, p: ArchitecturesParams) -> list:

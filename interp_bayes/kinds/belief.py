@@ -14,13 +14,13 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 
-from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.plugin import Claim, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
-from .common import check_folds
-from .windtunnel import TunnelParams
+from .common import check_folds, figure_per_probe
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..analyses.belief import belief_rows
-from ..core.figures import error_bars, layout
+from ..core.figures import error_bars
 from ..model.collect import query_readings
 from ..stats import ledger as L
 from ..stats.ledger import beyond_null
@@ -83,54 +83,43 @@ def run(ctx, p: BeliefParams) -> Result:
     return Result(rows, dict(task=task.name, task_kwargs=tunnel.config.task_kwargs))
 
 
-def subject(p: BeliefParams) -> str:
-    return Path(p.tunnel).name
-
-
 def summary(rows: list[Row], p: BeliefParams) -> list[Line]:
     out = []
     for r in select(rows, "belief_r2"):
         at = r.scope
         kl = find(rows, "belief_kl_bits", **at)
-        out.append(Line(f"{subject(p)}: belief probe R², {at['weights']}, {at['target']}, {at['reading']} "
+        out.append(Line(f"{tunnel_subject(p)}: belief probe R², {at['weights']}, {at['target']}, {at['reading']} "
                         f"L{at['layer']}", f"{r.value:.3f} ({r.low:.3f}, {r.high:.3f}); null {r.null_low:.3f} to "
                         f"{r.null_high:.3f}" + (f"; KL {kl.value:.4g} bits" if np.isfinite(kl.value) else ""),
                         beyond_null(r)))
     return out
 
 
-def figures(probes) -> list[Figure]:
+@figure_per_probe("belief", tunnel_subject)
+def figures(fig, pr, where):
     """Per probe: R² per layer of the residual stream for each (weights, target), with its bootstrap interval, and
     the trained model's exact-target shuffled null as a grey band."""
-    import plotly.graph_objects as go
-
-    out = []
-    for pr in probes:
-        rs = select(pr.rows, "belief_r2", reading="resid")
-        if not rs:
-            continue
-        fig = go.Figure()
-        null = sorted(select(rs, weights="trained", target="exact"), key=lambda r: r.scope["layer"])
-        x = [r.scope["layer"] for r in null]
-        fig.add_scatter(x=x + x[::-1], y=[r.null_high for r in null] + [r.null_low for r in null][::-1],
-                        fill="toself", line=dict(width=0), fillcolor="rgba(128,128,128,0.3)", name="shuffled null")
-        for weights, target in dict.fromkeys((r.scope["weights"], r.scope["target"]) for r in rs):
-            g = sorted(select(rs, weights=weights, target=target), key=lambda r: r.scope["layer"])
-            fig.add_scatter(x=[r.scope["layer"] for r in g], y=[r.value for r in g], mode="lines+markers",
-                            name=f"{weights}: {target}", error_y=error_bars(g))
-        fig.update_xaxes(title_text="layer")
-        fig.update_yaxes(title_text="cross-fitted R²")
-        where = subject(pr.params_object())
-        out.append(Figure(f"belief-{pr.name}", f"Belief probes on {where}", layout(
-            fig, f"Belief probes ({pr.data.get('task')}, resid): the exact posterior against its controls"),
-            "Grey: the 95% range of the R² of probes fitted to posteriors shuffled across sequences.", subject=where))
-    return out
+    rs = select(pr.rows, "belief_r2", reading="resid")
+    if not rs:
+        return None
+    null = sorted(select(rs, weights="trained", target="exact"), key=lambda r: r.scope["layer"])
+    x = [r.scope["layer"] for r in null]
+    fig.add_scatter(x=x + x[::-1], y=[r.null_high for r in null] + [r.null_low for r in null][::-1],
+                    fill="toself", line=dict(width=0), fillcolor="rgba(128,128,128,0.3)", name="shuffled null")
+    for weights, target in dict.fromkeys((r.scope["weights"], r.scope["target"]) for r in rs):
+        g = sorted(select(rs, weights=weights, target=target), key=lambda r: r.scope["layer"])
+        fig.add_scatter(x=[r.scope["layer"] for r in g], y=[r.value for r in g], mode="lines+markers",
+                        name=f"{weights}: {target}", error_y=error_bars(g))
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="cross-fitted R²")
+    return (f"Belief probes on {where}",
+            f"Belief probes ({pr.data.get('task')}, resid): the exact posterior against its controls",
+            "Grey: the 95% range of the R² of probes fitted to posteriors shuffled across sequences.")
 
 
 def plan(ctx, p: BeliefParams) -> list:
-    return [PlanItem("belief", f"wind tunnel {p.tunnel}: belief probes of {p.n_sequences} sequences at "
-                     f"{', '.join(p.readings)}, {'trained and untrained' if p.untrained else 'trained'} (a small "
-                     "model: minutes)", None, model=subject(p))]
+    return tunnel_plan(p, f"belief probes of {p.n_sequences} sequences at {', '.join(p.readings)}, "
+                       f"{'trained and untrained' if p.untrained else 'trained'} (a small model: minutes)")
 
 
 def ledger(probes) -> list:
@@ -144,7 +133,7 @@ def ledger(probes) -> list:
         params, layer = pr.params_object(), max(r.scope["layer"] for r in trained)
         exact = find(trained, "belief_r2", target="exact", layer=layer)
         missed = find(trained, "belief_r2", target=f"exact-minus-window-{params.window}", layer=layer)
-        where, section = subject(params), f"fig-belief-{pr.name}"
+        where, section = tunnel_subject(params), f"fig-belief-{pr.name}"
         out += [Claim("belief-readable", f"The exact posterior is linearly readable (belief probe, resid L{layer})",
                       L.beyond_null(exact), L.fmt(exact), subject=where, section=section),
                 Claim("belief-beyond-window", f"The part of the posterior the window-{params.window} shortcut "
@@ -154,4 +143,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("belief", BeliefParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))

@@ -15,20 +15,20 @@ from __future__ import annotations
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
-from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.plugin import Claim, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
-from .common import check_folds, sula_groups, sula_prompts, sula_request, sula_task
-from .windtunnel import TunnelParams, load_windtunnel_task, windtunnel_prompts
+from .common import check_folds, figure_per_probe, sula_groups, sula_prompts, sula_request, sula_task
+from .windtunnel import (TunnelParams, load_windtunnel_task, tunnel_plan, tunnel_prefix, tunnel_subject,
+                         windtunnel_prompts)
 from ..analyses.causal import Training, das_report, model_site
 from ..core.errors import ConfigError
-from ..core.figures import COLOURS, error_bars, layout
+from ..core.figures import COLOURS, error_bars
 from ..core.layers import resolve_layers
 from ..stats import ledger as L
 from ..stats.info import entropy_of_log_probs
@@ -120,10 +120,6 @@ def run(ctx, p: CausalSubspaceParams) -> Result:
     return Result(rows, data)
 
 
-def _where(p) -> str:
-    return "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
-
-
 def summary(rows: list[Row], p: CausalSubspaceParams) -> list[Line]:
     out = []
     for r in select(rows, "iia"):
@@ -134,50 +130,39 @@ def summary(rows: list[Row], p: CausalSubspaceParams) -> list[Line]:
                 f"axes {axes.value:.2f}" if axes is not None else f"{r.value:.2f}")
         if pc1 is not None:
             text += f"; angle to PC1 {pc1.value:.0f}° (random {pc1.null_low:.0f}-{pc1.null_high:.0f}°)"
-        out.append(Line(f"{_where(p)}DAS IIA L{at['layer']} {at['reading']} d={at['d']} ({at['target']} target)",
+        out.append(Line(f"{tunnel_prefix(p)}DAS IIA L{at['layer']} {at['reading']} d={at['d']} ({at['target']} target)",
                         text, r.verdict()))
     return out
 
 
-def figures(probes) -> list[Figure]:
-    import plotly.graph_objects as go
-
-    out = []
-    for pr in probes:
-        fig = go.Figure()
-        cells = sorted({(r.scope["layer"], r.scope["target"]) for r in select(pr.rows, "iia")})
-        for layer, target in cells:
-            rs = sorted(select(pr.rows, "iia", layer=layer, target=target), key=lambda r: r.scope["d"])
-            ax = sorted(select(pr.rows, "iia_axes", layer=layer, target=target), key=lambda r: r.scope["d"])
-            ds = [r.scope["d"] for r in rs]
-            name = f"L{layer} {target}"
-            fig.add_scatter(x=ds, y=[r.value for r in rs], mode="lines+markers", name=f"DAS, {name}",
-                            error_y=error_bars(rs))
-            fig.add_scatter(x=ds, y=[r.value for r in ax], mode="lines", line=dict(dash="dash"),
-                            name=f"entropy axes, {name}")
-            fig.add_scatter(x=ds, y=[r.null_high for r in rs], mode="lines",
-                            line=dict(dash="dot", color=COLOURS["permuted"]), name=f"random 97.5%, {name}")
-        fig.update_xaxes(title_text="subspace dimension d", type="log", tickvals=[1, 2, 4, 8])
-        fig.update_yaxes(title_text="held-out IIA (share of ΔH transferred)")
-        sub = "" if pr.params.get("tunnel") is None else Path(pr.params["tunnel"]).name
-        out.append(Figure(f"causal-subspace-{pr.name}", "Where the uncertainty is computed (DAS)", layout(
-            fig, "Interchange-intervention accuracy of the DAS subspace, the entropy axes and random subspaces"),
+@figure_per_probe("causal-subspace", tunnel_subject)
+def figures(fig, pr, where):
+    cells = sorted({(r.scope["layer"], r.scope["target"]) for r in select(pr.rows, "iia")})
+    for layer, target in cells:
+        rs = sorted(select(pr.rows, "iia", layer=layer, target=target), key=lambda r: r.scope["d"])
+        ax = sorted(select(pr.rows, "iia_axes", layer=layer, target=target), key=lambda r: r.scope["d"])
+        ds = [r.scope["d"] for r in rs]
+        name = f"L{layer} {target}"
+        fig.add_scatter(x=ds, y=[r.value for r in rs], mode="lines+markers", name=f"DAS, {name}",
+                        error_y=error_bars(rs))
+        fig.add_scatter(x=ds, y=[r.value for r in ax], mode="lines", line=dict(dash="dash"),
+                        name=f"entropy axes, {name}")
+        fig.add_scatter(x=ds, y=[r.null_high for r in rs], mode="lines",
+                        line=dict(dash="dot", color=COLOURS["permuted"]), name=f"random 97.5%, {name}")
+    fig.update_xaxes(title_text="subspace dimension d", type="log", tickvals=[1, 2, 4, 8])
+    fig.update_yaxes(title_text="held-out IIA (share of ΔH transferred)")
+    return ("Where the uncertainty is computed (DAS)",
+            "Interchange-intervention accuracy of the DAS subspace, the entropy axes and random subspaces",
             "Solid: the DAS subspace's held-out IIA (bootstrap 95%); dashed: the PC1 and ridge entropy axes' span "
-            "completed to d; dotted: the top of the random-subspace null.", subject=sub))
-    return out
+            "completed to d; dotted: the top of the random-subspace null.")
 
 
 def plan(ctx, p: CausalSubspaceParams) -> list:
     what = (f"DAS at {p.reading}, d in {list(p.ds)}, {len(p.targets)} target(s), {p.folds} folds of {p.steps} "
             f"steps, random-subspace nulls of at most {p.n_null}")
     if p.tunnel is not None:
-        return [PlanItem("causal_subspace", f"wind tunnel {p.tunnel}: {what} (a small model: minutes)", None,
-                         model=Path(p.tunnel).name)]
+        return tunnel_plan(p, f"{what} (a small model: minutes)")
     return [PlanItem("causal_subspace", f"SULA ({sula_prompts(p.per_k)} prompts): {what}", None)]
-
-
-def subject(p) -> str:
-    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 IIA_CONTROLS = 0.5  # a subspace that transfers under half the entropy difference controls it only weakly
@@ -191,7 +176,7 @@ def ledger(probes) -> list:
     out = []
     for pr in probes:
         params = pr.params_object()
-        where, section = subject(params), f"fig-causal-subspace-{pr.name}"
+        where, section = tunnel_subject(params), f"fig-causal-subspace-{pr.name}"
         target = params.targets[0] if params.targets else None
         cells = select(pr.rows, "iia", target=target)
         if not cells:
@@ -217,4 +202,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("causal_subspace", CausalSubspaceParams, run, summary, figures, plan, doc=__doc__,
-                     ledger=ledger, subject=subject))
+                     ledger=ledger, subject=tunnel_subject))

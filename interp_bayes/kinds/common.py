@@ -1,15 +1,18 @@
-"""What several probe kinds share: the prompt pool, the SULA task's prompt sets, and the rows of a value-manifold
-report."""
+"""What several probe kinds share: the prompt pool, the SULA task's prompt sets, the rows of a value-manifold
+report, and the one figure per probe most kinds draw."""
 
 from __future__ import annotations
 
 # tasks.icl (torch) and the statistics (scipy) are imported inside functions: most kinds' modules import this one, and a
 # kind's module is loaded to read its parameters, where no model runs
+import functools
 import json
 
 import numpy as np
 
 from ..core.errors import CacheError, ConfigError
+from ..core.figures import layout
+from ..core.plugin import Figure
 from ..core.results import Row, find
 from ..core.store import read_json, warn, write_json
 from ..core.prompts import load_source, source_label
@@ -212,3 +215,27 @@ def claims_from(probes, metric: str, claim) -> list:
     """The ledger entries of probes decided by one row each: ``claim(probe, row)`` -> Claim for every probe that
     has a ``metric`` row."""
     return [claim(p, row) for p in probes if (row := find(p.rows, metric)) is not None]
+
+
+def figure_per_probe(stem: str, subject, **subplots):
+    """Makes a kind's ``figures(probes)`` of ``draw(fig, probe, where)``, which draws one probe's rows into a fresh
+    plotly figure (``subplots``: ``make_subplots``'s arguments; none: one panel) and returns its (title, heading,
+    caption), or None where the probe has nothing to draw: one house-style figure per probe, id
+    ``<stem>-<probe name>``, about ``where``, the probe's ``subject(params)``."""
+    def decorate(draw):
+        @functools.wraps(draw)
+        def figures(probes) -> list[Figure]:
+            import plotly.graph_objects as go  # heavy: only when a report is drawn
+            from plotly.subplots import make_subplots
+
+            out = []
+            for pr in probes:
+                where = subject(pr.params_object())
+                fig = make_subplots(**subplots) if subplots else go.Figure()
+                texts = draw(fig, pr, where)
+                if texts is not None:
+                    title, heading, caption = texts
+                    out.append(Figure(f"{stem}-{pr.name}", title, layout(fig, heading), caption, subject=where))
+            return out
+        return figures
+    return decorate

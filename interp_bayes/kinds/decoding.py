@@ -13,16 +13,15 @@ from __future__ import annotations
 
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from ..core.results import Row, select
 from ..core.registry import register
-from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Result
 from .common import check_folds, plan_sula, recipe_nuisances, sula, sula_groups, sula_prompts, sula_request
-from .windtunnel import TunnelParams, windtunnel_prompts, windtunnel_set
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_prefix, tunnel_subject, windtunnel_prompts, windtunnel_set
 from ..analyses.decoding import decoding_curve
 from ..core.figures import layout
 from ..stats import ledger as L
@@ -80,7 +79,7 @@ def _word(row: Row) -> str:
 
 def summary(rows: list[Row], p: DecodingParams) -> list[Line]:
     out = []
-    where = "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
+    where = tunnel_prefix(p)
     for target, _ in TARGETS:
         for adjust in ("raw", "deconfounded"):
             every = select(rows, "decoding_r2", target=target, adjust=adjust)
@@ -147,18 +146,12 @@ def plan(ctx, p: DecodingParams) -> list:
     decoders (arithmetic only)."""
     if p.tunnel is not None:
         prompts, _ = windtunnel_prompts(open_tunnel(p.tunnel).task, p.n_sequences, p.seed)
-        return [PlanItem("decoding", f"wind tunnel {p.tunnel}: {len(prompts)} prefixes, readings "
-                         f"{', '.join(p.readings)} at every layer (a small model: seconds)", None, len(prompts),
-                         model=Path(p.tunnel).name)]
+        return tunnel_plan(p, f"{len(prompts)} prefixes, readings {', '.join(p.readings)} at every layer (a small "
+                           "model: seconds)", len(prompts))
     req = sula_request(ctx, "main", p.per_k, p.seed, p.layers)
     return plan_sula(ctx, "decoding", ["main"], p.per_k, p.seed, p.layers) + [
         ctx.plan_acts("decoding", "sula-main-readings", req["prompts"], layers=ctx.layers(p.layers),
                       readings=p.readings, label_tokens=req["label_tokens"], dims=ctx.site_dims())]
-
-
-def subject(p) -> str:
-    """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 DECODABLE_R2 = 0.1  # a held-out R² that clears its null but stays under this is decodable only weakly
@@ -187,7 +180,7 @@ def ledger(probes) -> list:
     readings (``decodable_claim``), and the share of it the values' PC1 axis carries at the layer that survives."""
     out = []
     for p in probes:
-        where = subject(p.params_object())
+        where = tunnel_subject(p.params_object())
         decided = decodable_claim(p.rows)
         if decided is None:
             continue
@@ -208,4 +201,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("decoding", DecodingParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))

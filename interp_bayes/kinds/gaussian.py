@@ -12,7 +12,6 @@ from __future__ import annotations
 
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -22,7 +21,7 @@ from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
 from .common import check_folds
-from .windtunnel import TunnelParams, load_windtunnel_task
+from .windtunnel import TunnelParams, load_windtunnel_task, tunnel_prefix, tunnel_subject
 from ..analyses.gaussian import manifold_curvature, normal_calibration, predictive_calibration
 from ..core.figures import layout
 from ..core.layers import resolve_layers
@@ -153,7 +152,7 @@ def _kl_word(kl: Row) -> str:
 
 def summary(rows: list[Row], p: GaussianParams) -> list[Line]:
     out = []
-    where = "" if p.tunnel is None else f"{Path(p.tunnel).name}: "
+    where = tunnel_prefix(p)
     kl = next(iter(select(rows, "gaussian_kl_bits", k="all")), None)
     if kl is not None:
         out.append(Line(f"{where}KL(exact predictive || model), bits", f"{kl.value:.3f} [{kl.low:.3f}, {kl.high:.3f}]"
@@ -220,15 +219,10 @@ def plan(ctx, p: GaussianParams) -> list:
     if p.tunnel is not None:
         return [PlanItem("gaussian", f"Kalman tunnel {p.tunnel}: {p.n_sequences} sequences, residual stream at every "
                          "step (seconds), then the Isomap nulls (minutes)", None, p.n_sequences,
-                         model=Path(p.tunnel).name)]
+                         model=tunnel_subject(p))]
     cols = GaussianTask(ns=tuple(p.ns)).generate(p.n_sequences, seed=p.seed)
     return [ctx.plan_acts("gaussian", "gaussian-resid", cols["text"], layers=ctx.layers(p.layers),
                           readings=("resid",), label_tokens=number_token_ids(ctx.tokenizer), dims=ctx.site_dims())]
-
-
-def subject(p) -> str:
-    """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 def family_claim(rows: list[Row]) -> tuple[str, Row | None, str]:
@@ -256,7 +250,7 @@ def ledger(probes) -> list:
     layers (``family_claim``), the layer named only when it survives."""
     out = []
     for p in probes:
-        where = subject(p.params_object())
+        where = tunnel_subject(p.params_object())
         for target in dict.fromkeys(r.scope["target"] for r in select(p.rows, "gaussian_decoding_r2")):
             rs = [r for r in select(p.rows, "gaussian_decoding_r2", target=target, adjust="within n")
                   if np.isfinite(r.value)]
@@ -277,4 +271,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("gaussian", GaussianParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))

@@ -7,16 +7,16 @@ distance from the real states (docs/windtunnels.md's table). No verdict is state
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 from ..analyses.manifold_move import OPS, kalman_move
-from ..core.figures import error_bars, layout
-from ..core.plugin import Figure, Kind, Line, PlanItem, Result
+from ..core.figures import error_bars
+from ..core.plugin import Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from ..windtunnel.tunnels import open_tunnel
-from .windtunnel import TunnelParams
+from .common import figure_per_probe
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,12 @@ def run(ctx, p: ManifoldMoveParams) -> Result:
         n_random=p.n_random)])
 
 
-def subject(p: ManifoldMoveParams) -> str:
-    return Path(p.tunnel).name
-
-
 def layers_of(rows: list[Row]) -> list[int]:
     return sorted({r.scope["layer"] for r in rows})
 
 
 def summary(rows: list[Row], p: ManifoldMoveParams) -> list[Line]:
-    where, out = subject(p), []
+    where, out = tunnel_subject(p), []
     for layer in layers_of(rows):
         for op in OPS:
             change = find(rows, "spread_change", layer=layer, op=op)
@@ -59,29 +55,23 @@ def summary(rows: list[Row], p: ManifoldMoveParams) -> list[Line]:
     return out
 
 
-def figures(probes) -> list[Figure]:
+@figure_per_probe("manifold-move", tunnel_subject)
+def figures(fig, pr, where):
     """Per probe: each op's spread change towards the target against the layer, with its interval."""
-    import plotly.graph_objects as go  # heavy: only when a report is drawn
-
-    out = []
-    for pr in probes:
-        fig = go.Figure()
-        for op in OPS:
-            rs = sorted(select(pr.rows, "spread_change", op=op), key=lambda r: r.scope["layer"])
-            fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
-                            name=op, error_y=error_bars(rs))
-        fig.update_xaxes(title_text="block whose output is moved", type="category")
-        fig.update_yaxes(title_text="predicted ln sd change towards the target")
-        where = subject(pr.params_object())
-        out.append(Figure(f"manifold-move-{pr.name}", f"Manifold move in {where}", layout(
-            fig, "A move to another sequence's state against linear and random steps"),
-            "Bootstrap 95% intervals over sequences; random: the 95% range over its draws.", subject=where))
-    return out
+    for op in OPS:
+        rs = sorted(select(pr.rows, "spread_change", op=op), key=lambda r: r.scope["layer"])
+        fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers", name=op,
+                        error_y=error_bars(rs))
+    fig.update_xaxes(title_text="block whose output is moved", type="category")
+    fig.update_yaxes(title_text="predicted ln sd change towards the target")
+    return (f"Manifold move in {where}", "A move to another sequence's state against linear and random steps",
+            "Bootstrap 95% intervals over sequences; random: the 95% range over its draws.")
 
 
 def plan(ctx, p: ManifoldMoveParams) -> list:
-    return [PlanItem("manifold_move", f"wind tunnel {p.tunnel}: {p.n_sequences} sequences, states moved after "
-                     f"{len(p.layers)} block(s) (a small model: minutes per block)", None, model=subject(p))]
+    return tunnel_plan(p, f"{p.n_sequences} sequences, states moved after {len(p.layers)} block(s) (a small model: "
+                       "minutes per block)")
 
 
-KIND = register(Kind("manifold_move", ManifoldMoveParams, run, summary, figures, plan, doc=__doc__, subject=subject))
+KIND = register(Kind("manifold_move", ManifoldMoveParams, run, summary, figures, plan, doc=__doc__,
+                     subject=tunnel_subject))

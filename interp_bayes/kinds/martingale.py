@@ -9,7 +9,6 @@ from __future__ import annotations
 
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import ClassVar
 
 from ..core.errors import ConfigError
@@ -17,7 +16,7 @@ from ..core.results import Row, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from .common import sula_task
-from .windtunnel import TunnelParams, load_windtunnel_task
+from .windtunnel import TunnelParams, load_windtunnel_task, tunnel_subject
 from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
 from ..core.figures import COLOURS, error_bars, layout
 from ..stats import ledger as L
@@ -70,7 +69,7 @@ def run(ctx, p: MartingaleParams) -> Result:
 
 
 def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
-    out = []
+    out, where = [], tunnel_subject(p) or "sula"
     for metric, label, against in (
             ("order_sensitivity_js_bits", "order sensitivity (JS across orders, bits)", "exact"),
             ("martingale_gap_debiased_bits", "martingale gap, debiased (bits)", "martingale null"),
@@ -83,7 +82,7 @@ def summary(rows: list[Row], p: MartingaleParams) -> list[Line]:
             text = "; ".join(f"k={r.scope['k']}: {r.value:.4f} [{r.low:.4f}, {r.high:.4f}] vs {against} "
                              f"[{r.null_low:.4f}, {r.null_high:.4f}]" for r in rs)
             above = [r for r in rs if r.verdict() == "above null"]
-            out.append(Line(f"{subject(p) or 'sula'}: {label}", text, f"above its null at {len(above)} of {len(rs)} k"))
+            out.append(Line(f"{where}: {label}", text, f"above its null at {len(above)} of {len(rs)} k"))
     return out
 
 
@@ -152,14 +151,9 @@ def plan(ctx, p: MartingaleParams) -> list:
     predicted with and without it (``martingale.martingale_test``), plus the contexts themselves."""
     n = p.per_k * len(p.ks) * (p.n_perms + 2 * p.n_draws + 1)
     n += p.per_k * len(p.ks) * p.orderings * (1 + 4 * p.n_draws)  # averaged: each predicted context in m orders
-    on = subject(p)
+    on = tunnel_subject(p)
     return [PlanItem("martingale", f"{p.per_k * len(p.ks)} contexts ({on or 'sula'}): {p.n_perms} orders and "
                      f"{p.n_draws} draws each", False, n, model=on)]
-
-
-def subject(p) -> str:
-    """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.tunnel is None else Path(p.tunnel).name
 
 
 DELTA_BITS = 0.05  # the martingale claim's delta: a debiased gap this large (bits) is a violation it must see
@@ -193,7 +187,7 @@ def ledger(probes) -> list:
     k clears its null), or that are not a martingale (one decision over k: ``martingale_claim``)."""
     out = []
     for p in probes:
-        where = subject(p.params_object())
+        where = tunnel_subject(p.params_object())
         for metric, key, text in (("order_sensitivity_js_bits", "order", "Predictions do not depend on the order "
                                    "of the examples (JS across orders vs the exact predictor)"),
                                   ("martingale_gap_debiased_bits", "martingale", "Predictions form a martingale "
@@ -220,4 +214,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("martingale", MartingaleParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))

@@ -19,7 +19,6 @@ from __future__ import annotations
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -30,7 +29,7 @@ from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from .common import SULA_LAYERS, deconfounded_text, plan_sula, pool, recipe_nuisances, sula, sula_task
-from .windtunnel import TunnelParams, windtunnel_prompts, windtunnel_set
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject, windtunnel_prompts, windtunnel_set
 from ..analyses.axis import fit_entropy_axis
 from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
 from ..analyses.neurons import AblationProtocol, entropy_neurons
@@ -79,7 +78,7 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
         # trained over its hypotheses alone, a wind tunnel's full-vocabulary entropy is not its output: not reported
         return SimpleNamespace(model=wt.model, ablate=wt.prompts, acts=wt.acts, cols=wt.cols, prompts=wt.prompts,
                                labels=hyp, readout=hyp, texts=None, bayes=dict(bayes_entropy=wt.cols["bayes_entropy"]),
-                               reported=("label_entropy", "bayes_entropy"), name=Path(p.tunnel).name)
+                               reported=("label_entropy", "bayes_entropy"), name=tunnel_subject(p))
     _, ds = pool(ctx, p.prompts)
     texts = list(ds["text"])
     chosen = sorted(np.random.default_rng(p.seed).choice(len(texts), min(p.n_prompts, len(texts)), replace=False))
@@ -136,7 +135,7 @@ def run(ctx, p: EntropyNeuronsParams) -> Result:
 
 def summary(rows: list[Row], p: EntropyNeuronsParams) -> list[Line]:
     out = []
-    name = subject(p) or "sula"  # the prompt set's scope: a checkpoint's folder name, or sula
+    name = tunnel_subject(p) or "sula"  # the prompt set's scope: a checkpoint's folder name, or sula
     shown = "SULA" if p.tunnel is None else name
     where = "" if p.tunnel is None else f"{name}: "  # the pool's lines keep their old labels
     top = sorted(select(rows, "neuron_rho"), key=lambda r: r.scope["rank"])
@@ -223,8 +222,7 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
         prompts, _ = windtunnel_prompts(open_tunnel(p.tunnel).task, p.n_sequences, p.seed)
         n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
                                                                if p.compare else 0)
-        return [PlanItem("entropy_neurons", f"wind tunnel {p.tunnel}: ablations on {len(prompts)} prefixes (a small "
-                         "model: seconds)", None, n, model=Path(p.tunnel).name)]
+        return tunnel_plan(p, f"ablations on {len(prompts)} prefixes (a small model: seconds)", n)
     spec = p.prompts if p.prompts is not None else ctx.config.prompts
     texts = list(load_source(spec)["text"])
     n_ablate = min(p.n_prompts, len(texts))
@@ -240,17 +238,12 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
     return items
 
 
-def subject(p) -> str:
-    """The wind tunnel a probe runs on ("" for the sweep's model)."""
-    return "" if p.tunnel is None else Path(p.tunnel).name
-
-
 def ledger(probes) -> list:
     """Rivals: the final-norm scale (entropy neurons' route) tracks entropy beyond the confounds; the value axis
     lies in the unembedding's null space more than random value directions do."""
     out = []
     for p in probes:
-        where = subject(p.params_object())
+        where = tunnel_subject(p.params_object())
         for target in ("entropy", "bayes_entropy"):
             raw = find(p.rows, "corr_final_scale", target=target, deconfounded="raw")
             if raw is None:
@@ -269,4 +262,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("entropy_neurons", EntropyNeuronsParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))

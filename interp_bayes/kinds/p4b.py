@@ -9,21 +9,20 @@ from __future__ import annotations
 
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.plugin import Claim, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
-from .common import check_folds
-from .windtunnel import TunnelParams
+from .common import check_folds, figure_per_probe
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..analyses import p4b as P
 from ..analyses.p4b import AUTHORS, answer, best_layer, cut_verdicts, decoding_verdict
 from ..analyses.subspaces import ablation_costs, every_position, fit_subspaces, sequence_losses, top_rows
-from ..core.figures import COLOURS, error_bars, layout
+from ..core.figures import COLOURS, error_bars
 from ..model.edits import intervene
 from ..stats import as_float64, info
 from ..windtunnel.discrete import restricted_log_probs
@@ -97,12 +96,8 @@ def run(ctx, p: P4bParams) -> Result:
         entropy, position), arch=tunnel.config.arch, authors=P.AUTHORS))
 
 
-def subject(p: P4bParams) -> str:
-    return Path(p.tunnel).name
-
-
 def summary(rows: list[Row], p: P4bParams) -> list[Line]:
-    where, tol = subject(p), find(rows, "cost_tolerance").value
+    where, tol = tunnel_subject(p), find(rows, "cost_tolerance").value
     out = []
     for r in select(rows, "decoding_r2"):
         at = r.scope
@@ -118,38 +113,32 @@ def summary(rows: list[Row], p: P4bParams) -> list[Line]:
     return out + [Line(f"{where}: P4b answer", answer(rows, where)["line"])]
 
 
-def figures(probes) -> list[Figure]:
-    from plotly.subplots import make_subplots
-
-    out = []
-    for pr in probes:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=["held-out R² per reading", "cut: KL cost per reading"])
-        for test in dict.fromkeys(r.scope["test"] for r in select(pr.rows, "decoding_r2")):
-            rs = select(pr.rows, "decoding_r2", test=test)
-            fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
-                            name=f"{rs[0].scope['target']} R², {test}", row=1, col=1)
-        for sub in dict.fromkeys(r.scope["subspace"] for r in select(pr.rows, "cut_kl_bits")):
-            rs = select(pr.rows, "cut_kl_bits", subspace=sub)
-            fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
-                            name=f"cut {sub}", error_y=error_bars(rs), row=1, col=2)
-            fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.null_high for r in rs], mode="lines",
-                            line=dict(dash="dot", color=COLOURS["permuted"]), showlegend=False, row=1, col=2)
-        fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
-        fig.update_yaxes(title_text="R²", row=1, col=1)
-        fig.update_yaxes(title_text="bits over the unedited model", row=1, col=2)
-        where = subject(pr.params_object())
-        out.append(Figure(f"p4b-{pr.name}", f"P4b on {where}: decodable, and inert?", layout(
-            fig, "The entropy decoded per reading, and what cutting each axis or frame costs"),
+@figure_per_probe("p4b", tunnel_subject, rows=1, cols=2,
+                  subplot_titles=["held-out R² per reading", "cut: KL cost per reading"])
+def figures(fig, pr, where):
+    for test in dict.fromkeys(r.scope["test"] for r in select(pr.rows, "decoding_r2")):
+        rs = select(pr.rows, "decoding_r2", test=test)
+        fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
+                        name=f"{rs[0].scope['target']} R², {test}", row=1, col=1)
+    for sub in dict.fromkeys(r.scope["subspace"] for r in select(pr.rows, "cut_kl_bits")):
+        rs = select(pr.rows, "cut_kl_bits", subspace=sub)
+        fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers",
+                        name=f"cut {sub}", error_y=error_bars(rs), row=1, col=2)
+        fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.null_high for r in rs], mode="lines",
+                        line=dict(dash="dot", color=COLOURS["permuted"]), showlegend=False, row=1, col=2)
+    fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
+    fig.update_yaxes(title_text="R²", row=1, col=1)
+    fig.update_yaxes(title_text="bits over the unedited model", row=1, col=2)
+    return (f"P4b on {where}: decodable, and inert?",
+            "The entropy decoded per reading, and what cutting each axis or frame costs",
             "Left: held-out R² of the exact entropy (and of the position), raw, beyond position and within position. "
             "Right: the cut's KL cost with its paired bootstrap interval; dotted: the top of its matched "
-            "random-subspace controls.", subject=where))
-    return out
+            "random-subspace controls.")
 
 
 def plan(ctx, p: P4bParams) -> list:
-    return [PlanItem("p4b", f"wind tunnel {p.tunnel}: decodability at every reading, cuts against {p.n_controls} + "
-                     f"{p.n_controls} random subspaces each ({p.n_fit} fitted, {p.n_eval} scored sequences; a small "
-                     "model: minutes)", None, model=subject(p))]
+    return tunnel_plan(p, f"decodability at every reading, cuts against {p.n_controls} + {p.n_controls} random "
+                       f"subspaces each ({p.n_fit} fitted, {p.n_eval} scored sequences; a small model: minutes)")
 
 
 def ledger(probes) -> list:
@@ -158,7 +147,7 @@ def ledger(probes) -> list:
     entropy of keys drawn without replacement is a function of position)."""
     out = []
     for pr in probes:
-        where = subject(pr.params_object())
+        where = tunnel_subject(pr.params_object())
         if not select(pr.rows, "decoding_r2", test="decodable"):
             continue
         said, best = answer(pr.rows, where), best_layer(pr.rows)
@@ -177,4 +166,5 @@ def ledger(probes) -> list:
     return out
 
 
-KIND = register(Kind("p4b", P4bParams, run, summary, figures, plan, doc=__doc__, ledger=ledger, subject=subject))
+KIND = register(Kind("p4b", P4bParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
+                     subject=tunnel_subject))

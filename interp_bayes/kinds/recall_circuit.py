@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..analyses.recall_circuit import recall_circuit_scores
-from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.plugin import Claim, Figure, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from ..model.read import patterns
 from ..stats.ledger import fmt, interval_side
 from ..windtunnel.recall import evaluate_recall
 from ..windtunnel.tunnels import open_tunnel, saved_checkpoints
-from .windtunnel import TunnelParams
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..core.figures import error_bars, layout
 
 BINDS = 0.5  # a binding head gives the queried key's value most of its attention on the stored values
@@ -67,10 +67,6 @@ def run(ctx, p: RecallCircuitParams) -> Result:
     return Result([r for f in folders for r in checkpoint_rows(f, p)])
 
 
-def subject(p: RecallCircuitParams) -> str:
-    return Path(p.tunnel).name
-
-
 def steps_of(rows: list[Row]) -> list[int]:
     return sorted({r.scope["step"] for r in rows})
 
@@ -87,7 +83,7 @@ def claim_row(rows: list[Row]) -> tuple[Row, int]:
 
 
 def summary(rows: list[Row], p: RecallCircuitParams) -> list[Line]:
-    where = subject(p)
+    where = tunnel_subject(p)
     out = []
     for step in steps_of(rows):
         heads = "; ".join(f"{m.removeprefix('recall_').replace('_', ' ')} {r.value:.3f} [{r.low:.3f}, {r.high:.3f}] "
@@ -125,7 +121,7 @@ def figures(probes) -> list[Figure]:
         fig.add_hline(y=1 / N, line=dict(dash="dot", color="grey"), annotation_text=f"1/N = {1 / N:.3g}")
         fig.update_xaxes(title_text="training step")
         fig.update_yaxes(title_text="attention share / recall", range=[0, 1.02])
-        where = subject(pr.params_object())
+        where = tunnel_subject(pr.params_object())
         out.append(Figure(f"recall-circuit-{pr.name}", f"The recall circuit of {where}", layout(
             fig, "Value share (solid) and key look-back (dotted) per head over training, beside the recall"),
             "Bootstrap 95% intervals over sequences. A binding head's value share rises toward 1; at 1/N it spreads "
@@ -135,9 +131,8 @@ def figures(probes) -> list[Figure]:
 
 def plan(ctx, p: RecallCircuitParams) -> list:
     n = len(p.checkpoints())
-    return [PlanItem("recall_circuit", f"wind tunnel {p.tunnel}: attention patterns and recall of {p.n} held-out "
-                     f"sequences at {n} checkpoint{'s' * (n > 1)} (a small model: seconds each)", None,
-                     model=subject(p))]
+    return tunnel_plan(p, f"attention patterns and recall of {p.n} held-out sequences at {n} "
+                       f"checkpoint{'s' * (n > 1)} (a small model: seconds each)")
 
 
 def ledger(probes) -> list:
@@ -148,10 +143,10 @@ def ledger(probes) -> list:
         out.append(Claim("recall-head-binds", f"A head binds: the queried key's value takes most of its attention on "
                          f"the stored values (value share above {BINDS}; 1/N = {1 / N:.3g} without binding)",
                          interval_side(r, "above", BINDS), f"{fmt(r)} at L{r.scope['layer']}H{r.scope['head']}, "
-                         f"step {r.scope['step']}", subject=subject(pr.params_object()),
+                         f"step {r.scope['step']}", subject=tunnel_subject(pr.params_object()),
                          section=f"fig-recall-circuit-{pr.name}"))
     return out
 
 
 KIND = register(Kind("recall_circuit", RecallCircuitParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))

@@ -6,17 +6,17 @@ ablation tables). The bijection and HMM tunnels; no verdict is stated (the table
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar, Literal
 
 from ..analyses.subspaces import OPS, subspace_rows
 from ..core.errors import ConfigError
-from ..core.figures import COLOURS, error_bars, layout
-from ..core.plugin import Figure, Kind, Line, PlanItem, Result
+from ..core.figures import COLOURS, error_bars
+from ..core.plugin import Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from ..windtunnel.tunnels import open_tunnel
-from .windtunnel import TunnelParams
+from .common import figure_per_probe
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 
 MEASURES = ("kl_bits", "mae_bits")
 
@@ -50,17 +50,13 @@ def run(ctx, p: SubspacesParams) -> Result:
     return Result(rows, dict(draws=draws, task=tunnel.config.task, arch=tunnel.config.arch))
 
 
-def subject(p: SubspacesParams) -> str:
-    return Path(p.tunnel).name
-
-
 def edit_rows(rows: list[Row]) -> list[Row]:
     """The edits' cost rows (``<op>_<measure>``), in the order they came."""
     return [r for r in rows if r.metric in {f"{op}_{m}" for op in OPS for m in MEASURES}]
 
 
 def summary(rows: list[Row], p: SubspacesParams) -> list[Line]:
-    where = subject(p)
+    where = tunnel_subject(p)
     base_kl, base_mae = find(rows, "unedited_kl_bits"), find(rows, "unedited_mae_bits")
     out = [Line(f"{where}: the unedited model at hook {p.site}", f"KL {base_kl.value:.4f} bits, |H error| "
                 f"{base_mae.value:.4f} bits (n {base_kl.n} sequences)")]
@@ -74,36 +70,26 @@ def summary(rows: list[Row], p: SubspacesParams) -> list[Line]:
     return out
 
 
-def figures(probes) -> list[Figure]:
+@figure_per_probe("subspaces", tunnel_subject)
+def figures(fig, pr, where):
     """Per probe: each edit's KL cost with its interval beside the matched controls' range."""
-    import plotly.graph_objects as go  # heavy: only when a report is drawn
-
-    out = []
-    for pr in probes:
-        fig = go.Figure()
-        for op in OPS:
-            rs = select(pr.rows, f"{op}_kl_bits")
-            if not rs:
-                continue
-            x = [f"L{r.scope['layer']} {r.scope['subspace']}" for r in rs]
-            fig.add_scatter(x=x, y=[r.value for r in rs], mode="markers", name=op,
-                            error_y=error_bars(rs))
-            fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="markers", name=f"{op}: matched top",
-                            marker=dict(symbol="line-ew-open", size=14, color=COLOURS["permuted"]))
-        fig.update_xaxes(title_text="layer and subspace", type="category")
-        fig.update_yaxes(title_text="KL cost over the unedited model (bits)")
-        where = subject(pr.params_object())
-        out.append(Figure(f"subspaces-{pr.name}", f"Subspace edits in {where}", layout(
-            fig, "The cost of cutting / keeping only each subspace"),
-            "Paired bootstrap 95% intervals over sequences; dashes: the top of the variance-matched controls' range.",
-            subject=where))
-    return out
+    for op in OPS:
+        rs = select(pr.rows, f"{op}_kl_bits")
+        if not rs:
+            continue
+        x = [f"L{r.scope['layer']} {r.scope['subspace']}" for r in rs]
+        fig.add_scatter(x=x, y=[r.value for r in rs], mode="markers", name=op, error_y=error_bars(rs))
+        fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="markers", name=f"{op}: matched top",
+                        marker=dict(symbol="line-ew-open", size=14, color=COLOURS["permuted"]))
+    fig.update_xaxes(title_text="layer and subspace", type="category")
+    fig.update_yaxes(title_text="KL cost over the unedited model (bits)")
+    return (f"Subspace edits in {where}", "The cost of cutting / keeping only each subspace",
+            "Paired bootstrap 95% intervals over sequences; dashes: the top of the variance-matched controls' range.")
 
 
 def plan(ctx, p: SubspacesParams) -> list:
-    return [PlanItem("subspaces", f"wind tunnel {p.tunnel}: subspaces fitted on {p.n_fit} sequences, each edit and "
-                     f"{p.n_isotropic + p.n_matched} controls scored on {p.n_eval} (a small model: minutes)", None,
-                     model=subject(p))]
+    return tunnel_plan(p, f"subspaces fitted on {p.n_fit} sequences, each edit and {p.n_isotropic + p.n_matched} "
+                       f"controls scored on {p.n_eval} (a small model: minutes)")
 
 
-KIND = register(Kind("subspaces", SubspacesParams, run, summary, figures, plan, doc=__doc__, subject=subject))
+KIND = register(Kind("subspaces", SubspacesParams, run, summary, figures, plan, doc=__doc__, subject=tunnel_subject))

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 # plotly is imported inside the functions that draw: a run that only computes rows does not load it
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
+from ..core.plugin import Claim, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
-from .common import check_folds
-from .windtunnel import TunnelParams
+from .common import check_folds, figure_per_probe
+from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..analyses import p4b as P
 from ..analyses.p4b import decoding_verdict
-from ..core.figures import COLOURS, error_bars, layout
+from ..core.figures import COLOURS, error_bars
 from ..stats import info
 from ..windtunnel.tunnels import open_tunnel
 
@@ -65,12 +64,8 @@ def run(ctx, p: TunnelGeometryParams) -> Result:
     return Result(rows, dict(arch=tunnel.config.arch, task=tunnel.config.task))
 
 
-def subject(p: TunnelGeometryParams) -> str:
-    return Path(p.tunnel).name
-
-
 def summary(rows: list[Row], p: TunnelGeometryParams) -> list[Line]:
-    where = subject(p)
+    where = tunnel_subject(p)
     out = []
     for test in TESTS:
         rs = select(rows, "decoding_r2", test=test)
@@ -91,31 +86,23 @@ def summary(rows: list[Row], p: TunnelGeometryParams) -> list[Line]:
     return out
 
 
-def figures(probes) -> list[Figure]:
-    import plotly.graph_objects as go
-
-    out = []
-    for pr in probes:
-        fig = go.Figure()
-        for test in TESTS:
-            rs = select(pr.rows, "decoding_r2", test=test)
-            x = [r.scope["layer"] for r in rs]
-            fig.add_scatter(x=x, y=[r.value for r in rs], mode="lines+markers", name=test,
-                            error_y=error_bars(rs))
-            fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="lines", showlegend=False,
-                            line=dict(dash="dot", color=COLOURS["permuted"]))
-        fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
-        fig.update_yaxes(title_text="held-out R² of the exact entropy")
-        where = subject(pr.params_object())
-        out.append(Figure(f"tunnel-geometry-{pr.name}", f"Geometry of {where}", layout(
-            fig, "The exact entropy decoded per reading, raw and within position"),
-            "Bootstrap 95% intervals; dotted: the top of each test's shuffled null.", subject=where))
-    return out
+@figure_per_probe("tunnel-geometry", tunnel_subject)
+def figures(fig, pr, where):
+    for test in TESTS:
+        rs = select(pr.rows, "decoding_r2", test=test)
+        x = [r.scope["layer"] for r in rs]
+        fig.add_scatter(x=x, y=[r.value for r in rs], mode="lines+markers", name=test, error_y=error_bars(rs))
+        fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="lines", showlegend=False,
+                        line=dict(dash="dot", color=COLOURS["permuted"]))
+    fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
+    fig.update_yaxes(title_text="held-out R² of the exact entropy")
+    return (f"Geometry of {where}", "The exact entropy decoded per reading, raw and within position",
+            "Bootstrap 95% intervals; dotted: the top of each test's shuffled null.")
 
 
 def plan(ctx, p: TunnelGeometryParams) -> list:
-    return [PlanItem("tunnel_geometry", f"wind tunnel {p.tunnel}: {p.n} sequences decoded at every reading, the "
-                     "final layer's PC1 share and clusters (a small model: seconds)", None, model=subject(p))]
+    return tunnel_plan(p, f"{p.n} sequences decoded at every reading, the final layer's PC1 share and clusters (a "
+                       "small model: seconds)")
 
 
 def ledger(probes) -> list:
@@ -129,9 +116,9 @@ def ledger(probes) -> list:
         out.append(Claim("tunnel-entropy-within-position", "The exact entropy decodes from the final layer beyond "
                          "its position", decoding_verdict(r), f"R² {r.value:.4f} vs null [{r.null_low:.4f}, "
                          f"{r.null_high:.4f}] (at {r.scope['layer']})" if np.isfinite(r.value) else f"n/a: {r.note}",
-                         subject=subject(pr.params_object()), section=f"fig-tunnel-geometry-{pr.name}"))
+                         subject=tunnel_subject(pr.params_object()), section=f"fig-tunnel-geometry-{pr.name}"))
     return out
 
 
 KIND = register(Kind("tunnel_geometry", TunnelGeometryParams, run, summary, figures, plan, doc=__doc__,
-                     ledger=ledger, subject=subject))
+                     ledger=ledger, subject=tunnel_subject))

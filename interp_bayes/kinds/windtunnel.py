@@ -80,6 +80,22 @@ class TunnelParams(Params):
                                                                   self.tunnel_archs)}
 
 
+def tunnel_subject(p: TunnelParams) -> str:
+    """The wind tunnel a probe runs on, by its folder's name ("": the sweep's model, where the kind allows it)."""
+    return "" if p.tunnel is None else Path(p.tunnel).name
+
+
+def tunnel_prefix(p: TunnelParams) -> str:
+    """A summary line's prefix naming the wind tunnel ("<name>: "; "" on the sweep's model)."""
+    return "" if p.tunnel is None else f"{tunnel_subject(p)}: "
+
+
+def tunnel_plan(p: TunnelParams, what: str, forwards: int = 0) -> list[PlanItem]:
+    """The dry-run line of a probe on the wind tunnel ``p.tunnel``: ``what`` it computes there, with ``forwards``
+    prompt forward passes where it counts them."""
+    return [PlanItem(p.kind, f"wind tunnel {p.tunnel}: {what}", None, forwards, model=tunnel_subject(p))]
+
+
 @dataclass(frozen=True)
 class WindtunnelParams(TunnelParams):
     tunnel_archs: ClassVar[tuple[str, ...] | None] = ("transformer",)  # values and attention patterns
@@ -214,8 +230,8 @@ def run(ctx, p: WindtunnelParams) -> Result:
 def plan(ctx, p: WindtunnelParams) -> list:
     task = open_tunnel(p.tunnel).task
     prompts, _ = windtunnel_prompts(task, p.n_sequences, p.seed)
-    return [PlanItem("windtunnel", f"wind tunnel {p.tunnel}: {len(prompts)} prompts and the intervention "
-                     "protocol (a small model: seconds)", None, len(prompts), model=Path(p.tunnel).name)]
+    return tunnel_plan(p, f"{len(prompts)} prompts and the intervention protocol (a small model: seconds)",
+                       len(prompts))
 
 
 def summary(rows: list[Row], p: WindtunnelParams) -> list[Line]:
@@ -298,16 +314,12 @@ def figures(probes) -> list[Figure]:
 CALIBRATED_BITS = (0.01, 0.1)  # entropy MAE vs Bayes: "holds" at most 0.01 bits (Paper I: ~1e-3), weakly 0.1
 
 
-def subject(p: WindtunnelParams) -> str:
-    return Path(p.tunnel).name
-
-
 def ledger(probes) -> list:
     """Per wind tunnel: calibration to the exact posterior, one dominant value axis, PC1 tracking the Bayes
     entropy beyond the query position, and the axis as a readout (the interventions kind's claim)."""
     out = []
     for p in probes:
-        tunnel = subject(p.params_object())
+        tunnel = tunnel_subject(p.params_object())
         mae = find(p.rows, "entropy_mae", condition="windtunnel", subset="all")
         layers = [r.scope["layer"] for r in select(p.rows, "pc1_share")]
         if mae is None or not layers:
@@ -330,4 +342,4 @@ def ledger(probes) -> list:
 
 
 KIND = register(Kind("windtunnel", WindtunnelParams, run, summary, figures, plan, doc=__doc__, ledger=ledger,
-                     subject=subject))
+                     subject=tunnel_subject))
