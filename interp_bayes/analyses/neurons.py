@@ -226,11 +226,16 @@ class _AffineHead:
             a, b = post.coefficients(h, c[..., None], w[None])  # [batch, pos, 1] each
             dx = gain * (a * h + b * w)
             gdx = a.to(z0.dtype) * gh + b.to(z0.dtype) * self.g_neuron(j)
+        # gdx is this call's own: divided in place, and the sums built in one buffer, in the order of
+        # z0 + gdx / s0 and r z0 + (1 - r) beta + gdx / s (the same float32 arithmetic, fewer [.., vocab] tensors)
         if freeze_scale:
-            return _softcap(self.model, z0 + gdx / s0)
+            return _softcap(self.model, gdx.div_(s0).add_(z0))
         s = _scale_of(self.model, resid + dx)
         r = s0 / s
-        return _softcap(self.model, r * z0 + (1 - r) * self.beta + gdx / s)
+        out = r * z0
+        out += (1 - r) * self.beta
+        out += gdx.div_(s)
+        return _softcap(self.model, out)
 
 
 @dataclass
