@@ -46,8 +46,11 @@ PATHS = dict(head="rank-one head", post="head through the post-MLP norm", full="
 
 
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """log_softmax in at least float32 (float64 models keep float64, so exact tests stay exact)."""
-    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    """log_softmax in at least float32 (float64 models keep float64, so exact tests stay exact), written over
+    ``logits`` where they have that dtype already: its callers pass full-vocabulary logits they never read again,
+    and the same kernel into their buffer saves allocating another."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(x, dim=-1, out=x)
 
 
 @contextmanager
@@ -65,7 +68,7 @@ def _label_entropy(label_logprobs: torch.Tensor) -> float:
 
 def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[str, torch.Tensor]:
     """Per position: entropy (bits) and next-token loss (bits, positions with a next token); the final position's
-    label log-probabilities renormalised over ``label_tokens``."""
+    label log-probabilities renormalised over ``label_tokens``. ``logits`` are overwritten (``_log_probs``)."""
     logp = _log_probs(logits)  # [batch, pos, vocab]
     out = dict(entropy=entropy_of_log_probs(logp),
                loss=-logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0] / LN2)

@@ -172,7 +172,8 @@ def test_an_ablation_that_changes_nothing_has_exactly_zero_effect(tiny_dirs):
 @pytest.mark.parametrize("fam", ["llama3", "pythia"])
 def test_the_head_shortcut_is_its_former_expression_bit_for_bit(tiny_dirs, fam):
     """``_AffineHead.logits`` builds its sums in place: in float32 the same bits as the expressions it replaced,
-    z0 + G(dx) / s0 (direct) and r z0 + (1 - r) beta + G(dx) / s (total), and its cached neuron image is untouched."""
+    z0 + G(dx) / s0 (direct) and r z0 + (1 - r) beta + G(dx) / s (total), and its cached neuron image is untouched;
+    ``_batch_stats`` takes the log-softmax over the logits' own buffer, with the same bits as before."""
     from interp_bayes.analyses.neurons import _AffineHead, _head, _scale_of
     from interp_bayes.model.loading import load_model
 
@@ -194,6 +195,17 @@ def test_the_head_shortcut_is_its_former_expression_bit_for_bit(tiny_dirs, fam):
             assert torch.equal(head.logits(j, c, resid, z0, frozen, freeze_scale=False),
                                r * z0 + (1 - r) * head.beta + gdx / s)
             assert torch.equal(head.g_neuron(j), image)
+    # the statistics of an ablation's logits, computed over their buffer, against the former out-of-place ones
+    from interp_bayes.analyses.neurons import _batch_stats
+    from interp_bayes.stats.info import LN2
+
+    ids = torch.tensor([clean["token_ids"][i] for i in clean["batches"][0]])
+    logits = head.logits(3, c, resid, z0, frozen, freeze_scale=False)
+    logp = torch.log_softmax(logits, dim=-1)
+    got = _batch_stats(logits.clone(), ids, LABELS)
+    assert torch.equal(got["entropy"], -(logp.exp() * logp).sum(-1) / LN2)
+    assert torch.equal(got["loss"], -logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0] / LN2)
+    assert torch.equal(got["label_logprobs"], torch.log_softmax(logp[:, -1, LABELS], dim=-1))
 
 
 def set_w_out(model, layer: int, neuron: int, vec: torch.Tensor) -> None:
