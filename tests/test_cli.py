@@ -476,6 +476,7 @@ def test_rival_probes_on_a_tiny_model(tiny_dirs, tmp_path):
     assert find(rows, "neuron_rho", rank=1).null.startswith("all neurons")
     assert {r.scope["target"] for r in select(rows, "corr_final_scale")} == {"entropy", "label_entropy"}
     assert find(rows, "axis_null_rho") is not None
+    assert not list((run.folder / "acts").glob("pool-*"))  # entropy_neurons reads the pool's texts: no set of it
     wt = select(rows, "martingale_gap_kl_bits", task="bijection")
     assert [r.scope["k"] for r in wt] == [2, 6] and all(r.null_low <= r.null_high for r in wt)
     assert select(rows, "order_sensitivity_js_bits", task="sula")

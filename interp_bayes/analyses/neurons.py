@@ -46,8 +46,11 @@ PATHS = dict(head="rank-one head", post="head through the post-MLP norm", full="
 
 
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """log_softmax in at least float32 (float64 models keep float64, so exact tests stay exact)."""
-    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    """log_softmax in at least float32 (float64 models keep float64, so exact tests stay exact), written over
+    ``logits`` where they have that dtype already: its callers pass full-vocabulary logits they never read again,
+    and the same kernel into their buffer saves allocating another."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(x, dim=-1, out=x)
 
 
 @contextmanager
@@ -65,7 +68,7 @@ def _label_entropy(label_logprobs: torch.Tensor) -> float:
 
 def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[str, torch.Tensor]:
     """Per position: entropy (bits) and next-token loss (bits, positions with a next token); the final position's
-    label log-probabilities renormalised over ``label_tokens``."""
+    label log-probabilities renormalised over ``label_tokens``. ``logits`` are overwritten (``_log_probs``)."""
     logp = _log_probs(logits)  # [batch, pos, vocab]
     out = dict(entropy=entropy_of_log_probs(logp),
                loss=-logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0] / LN2)
@@ -226,11 +229,16 @@ class _AffineHead:
             a, b = post.coefficients(h, c[..., None], w[None])  # [batch, pos, 1] each
             dx = gain * (a * h + b * w)
             gdx = a.to(z0.dtype) * gh + b.to(z0.dtype) * self.g_neuron(j)
+        # gdx is this call's own: divided in place, and the sums built in one buffer, in the order of
+        # z0 + gdx / s0 and r z0 + (1 - r) beta + gdx / s (the same float32 arithmetic, fewer [.., vocab] tensors)
         if freeze_scale:
-            return _softcap(self.model, z0 + gdx / s0)
+            return _softcap(self.model, gdx.div_(s0).add_(z0))
         s = _scale_of(self.model, resid + dx)
         r = s0 / s
-        return _softcap(self.model, r * z0 + (1 - r) * self.beta + gdx / s)
+        out = r * z0
+        out += (1 - r) * self.beta
+        out += gdx.div_(s)
+        return _softcap(self.model, out)
 
 
 @dataclass

@@ -28,14 +28,14 @@ from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
-from .common import SULA_LAYERS, deconfounded_text, plan_sula, pool, recipe_nuisances, sula, sula_task
+from .common import SULA_LAYERS, deconfounded_text, plan_sula, recipe_nuisances, sula, sula_task
 from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject, windtunnel_prompts, windtunnel_set
 from ..analyses.axis import fit_entropy_axis
 from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
 from ..analyses.neurons import AblationProtocol, entropy_neurons
 from ..analyses.unembedding import frequency_neurons, unembedding_null_space, unigram_counts
 from ..core.figures import COLOURS, layout
-from ..core.prompts import load_source, source_label
+from ..core.prompts import load_source
 from ..stats import ledger as L
 from ..stats.confounds import deconfounded_rows
 from ..windtunnel.tunnels import open_tunnel
@@ -79,8 +79,8 @@ def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:
         return SimpleNamespace(model=wt.model, ablate=wt.prompts, acts=wt.acts, cols=wt.cols, prompts=wt.prompts,
                                labels=hyp, readout=hyp, texts=None, bayes=dict(bayes_entropy=wt.cols["bayes_entropy"]),
                                reported=("label_entropy", "bayes_entropy"), name=tunnel_subject(p))
-    _, ds = pool(ctx, p.prompts)
-    texts = list(ds["text"])
+    # the pool's texts alone: the ablations and token counts run on text, so no activation set of it is collected
+    texts = list(load_source(p.prompts if p.prompts is not None else ctx.config.prompts)["text"])
     chosen = sorted(np.random.default_rng(p.seed).choice(len(texts), min(p.n_prompts, len(texts)), replace=False))
     acts, cols = sula(ctx, "main", p.per_k, p.seed, SULA_LAYERS)
     _, ids = sula_task(ctx, p.per_k)
@@ -215,7 +215,7 @@ def figures(probes) -> list[Figure]:
 
 
 def plan(ctx, p: EntropyNeuronsParams) -> list:
-    """The pool and SULA sets it reads (shared with other probes), then the ablations: each of the ``top_n``
+    """The SULA set it reads (shared with other probes), then the ablations: each of the ``top_n``
     candidates and ``n_random`` random neurons ablated on every prompt, total and with the final norm frozen
     (direct), plus the clean forward; with ``compare``, both mechanisms against their controls on the SULA set."""
     if p.tunnel is not None:
@@ -223,12 +223,8 @@ def plan(ctx, p: EntropyNeuronsParams) -> list:
         n = len(prompts) * (1 + 2 * (p.top_n + p.n_random)) + (len(prompts) * 2 * (1 + p.n_controls)
                                                                if p.compare else 0)
         return tunnel_plan(p, f"ablations on {len(prompts)} prefixes (a small model: seconds)", n)
-    spec = p.prompts if p.prompts is not None else ctx.config.prompts
-    texts = list(load_source(spec)["text"])
-    n_ablate = min(p.n_prompts, len(texts))
-    items = [ctx.plan_acts("entropy_neurons", f"pool-{source_label(spec)}", texts, layers=ctx.layers(None),
-                           dims=ctx.site_dims())]
-    items += plan_sula(ctx, "entropy_neurons", ["main"], p.per_k, p.seed, SULA_LAYERS)
+    n_ablate = min(p.n_prompts, len(load_source(p.prompts if p.prompts is not None else ctx.config.prompts)))
+    items = plan_sula(ctx, "entropy_neurons", ["main"], p.per_k, p.seed, SULA_LAYERS)
     n = n_ablate * (1 + 2 * (p.top_n + p.n_random))
     items.append(PlanItem("entropy_neurons", f"ablations: {p.top_n} candidates and {p.n_random} random neurons on "
                           f"{n_ablate} prompts, total and direct", False, n))

@@ -38,7 +38,12 @@ def entropy(p, unit: str = "bits"):
 
 def entropy_of_log_probs(logp: torch.Tensor, unit: str = "bits") -> torch.Tensor:
     """Shannon entropy of a log-probability tensor (a ``log_softmax``'s output)."""
-    h = -(logp.exp() * logp).sum(-1)
+    terms = logp.exp()
+    if terms.requires_grad:
+        terms = terms * logp
+    else:  # in place, the same arithmetic: one [..., vocab] tensor fewer to allocate (no graph keeps exp's output)
+        terms.mul_(logp)
+    h = -terms.sum(-1)
     return h if unit == "nats" else h / _per(unit)
 
 

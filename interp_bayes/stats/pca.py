@@ -123,8 +123,8 @@ def null_shares(x, kind: str = "permuted", *, n_draws: int = CAP_NULL, seed: int
         raise ConfigError(f"Unknown null kind '{kind}'; choose 'permuted' or 'gaussian'.")
 
     def cloud() -> np.ndarray:
-        if kind == "permuted":
-            return np.take_along_axis(x, rng.permuted(np.tile(np.arange(n)[:, None], (1, d)), axis=0), axis=0)
+        if kind == "permuted":  # each column shuffled on its own
+            return rng.permuted(x, axis=0)
         return rng.standard_normal((n, d)) * sd
 
     tests, means = sequential_null(lambda b: [shares(spectrum(cloud())) for _ in range(b)], shares(spectrum(x)),

@@ -169,6 +169,45 @@ def test_an_ablation_that_changes_nothing_has_exactly_zero_effect(tiny_dirs):
         assert np.all(v == 0.0), key
 
 
+@pytest.mark.parametrize("fam", ["llama3", "pythia"])
+def test_the_head_shortcut_is_its_former_expression_bit_for_bit(tiny_dirs, fam):
+    """``_AffineHead.logits`` builds its sums in place: in float32 the same bits as the expressions it replaced,
+    z0 + G(dx) / s0 (direct) and r z0 + (1 - r) beta + G(dx) / s (total), and its cached neuron image is untouched;
+    ``_batch_stats`` takes the log-softmax over the logits' own buffer, with the same bits as before."""
+    from interp_bayes.analyses.neurons import _AffineHead, _head, _scale_of
+    from interp_bayes.model.loading import load_model
+
+    model = load_model(tiny_dirs[fam])  # float32, the sweep's arithmetic
+    clean = final_norm_run(model, TEXTS, keep_head_inputs=True)
+    resid, act, _ = clean["head_inputs"][0]
+    frozen = clean["scale_tensors"][0]
+    w_out = model.blocks[-1].mlp.W_out.detach()
+    with torch.no_grad():
+        head = _AffineHead(model, w_out, None)
+        z0 = _head(model, resid, lambda t, hook: t.clone())
+        for j in (3, 50):
+            c = torch.tensor(clean["means"][j], dtype=act.dtype) - act[..., j]
+            image = head.g_neuron(j).clone()
+            gdx = c[..., None].to(z0.dtype) * image
+            s = _scale_of(model, resid + c[..., None] * w_out[j])
+            r = frozen / s
+            assert torch.equal(head.logits(j, c, resid, z0, frozen, freeze_scale=True), z0 + gdx / frozen)
+            assert torch.equal(head.logits(j, c, resid, z0, frozen, freeze_scale=False),
+                               r * z0 + (1 - r) * head.beta + gdx / s)
+            assert torch.equal(head.g_neuron(j), image)
+    # the statistics of an ablation's logits, computed over their buffer, against the former out-of-place ones
+    from interp_bayes.analyses.neurons import _batch_stats
+    from interp_bayes.stats.info import LN2
+
+    ids = torch.tensor([clean["token_ids"][i] for i in clean["batches"][0]])
+    logits = head.logits(3, c, resid, z0, frozen, freeze_scale=False)
+    logp = torch.log_softmax(logits, dim=-1)
+    got = _batch_stats(logits.clone(), ids, LABELS)
+    assert torch.equal(got["entropy"], -(logp.exp() * logp).sum(-1) / LN2)
+    assert torch.equal(got["loss"], -logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0] / LN2)
+    assert torch.equal(got["label_logprobs"], torch.log_softmax(logp[:, -1, LABELS], dim=-1))
+
+
 def set_w_out(model, layer: int, neuron: int, vec: torch.Tensor) -> None:
     """Write ``vec`` as the output weight of one neuron, in the module's own layout (Linear or GPT-2 Conv1D)."""
     out = model.blocks[layer].mlp.out.original_component

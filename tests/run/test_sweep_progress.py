@@ -46,7 +46,9 @@ def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path)
                          probes=probes)
     items = plan_sweep(config)
     pools = [i for i in items if i.what.startswith("activations pool-basic")]
-    assert len(pools) == 3 and pools[0].forwards == 64 and pools[0].probe == "mixed"  # once, by the first
+    # once, by the first; entropy_neurons reads the pool's texts, not its set
+    assert len(pools) == 2 and pools[0].forwards == 64 and pools[0].probe == "mixed"
+    assert not [i for i in items if i.probe == "neurons" and "pool" in i.what]
     assert all(i.forwards == 0 and "(shared with mixed)" in i.what for i in pools[1:])
     assert {i.probe for i in items if i.forwards} >= {"mixed", "decoding", "martingale", "neurons"}
     per_probe = {name: sum(i.forwards for i in items if i.probe == name) for name in specs}

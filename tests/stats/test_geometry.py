@@ -9,8 +9,8 @@ import torch
 
 from interp_bayes.model.collect import collect
 from interp_bayes.analyses.focusing import attention_focusing
-from interp_bayes.stats.pca import (bootstrap_shares, key_orthogonality_null, null_shares, participation_ratio, shares,
-    spectrum)
+from interp_bayes.stats.pca import (bootstrap_shares, key_orthogonality_null, null_shares, participation_ratio,
+    sequential_null, shares, spectrum)
 from interp_bayes.analyses.keys import key_orthogonality
 from interp_bayes.analyses.manifold import manifold_report
 
@@ -67,6 +67,23 @@ def test_nulls_match_structureless_data_and_reject_planted_structure():
     assert 1 / 192 < gauss["pc1_mean"] < 0.1  # set by n = 75, far above 1/d
     x, _, _ = planted(n=75, d=192, a=12.0)  # population PC1 share about 0.43
     assert shares(spectrum(x))[0] > null_shares(x, "permuted", n_draws=100)["pc1_range"][1] + 0.2
+
+
+def test_the_permuted_null_is_the_former_index_shuffle_bit_for_bit():
+    """``rng.permuted(x, axis=0)`` makes the draws of shuffling each column's row indices and gathering (the
+    former cloud): the same null, test and draws, number for number."""
+    x = np.random.default_rng(4).standard_normal((60, 40)) * np.linspace(0.5, 3.0, 40)
+    rng = np.random.default_rng(7)
+    n, d = x.shape
+
+    def former(b):
+        return [shares(spectrum(np.take_along_axis(x, rng.permuted(np.tile(np.arange(n)[:, None], (1, d)), axis=0),
+                                                   axis=0))) for _ in range(b)]
+
+    tests, means = sequential_null(former, shares(spectrum(x)), 300)
+    now = null_shares(x, "permuted", n_draws=300, seed=7)
+    for which, t, mean in zip(("pc1", "pc12"), tests, means):
+        assert now[f"{which}_test"] == t and now[f"{which}_mean"] == mean
 
 
 def test_null_shares_draw_until_the_share_is_decided_and_record_the_draws():

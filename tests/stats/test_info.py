@@ -59,6 +59,20 @@ def test_entropy_equals_its_former_copies(dtype):
     same(info.entropy_of_log_probs(lp), -(lp.exp() * lp).sum(-1) / math.log(2))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_entropy_of_log_probs_in_place_and_under_autograd_give_the_same_bits(dtype):
+    """Without a graph the product is taken in place in exp's output; with one (a trained subspace's entropy) a
+    fresh tensor, so the backward pass still has exp's output: the same number either way, and a gradient."""
+    lp = log_probs((4, 6, 17), dtype)
+    leaf = lp.clone().requires_grad_(True)
+    h = info.entropy_of_log_probs(leaf)
+    same(h.detach(), info.entropy_of_log_probs(lp))
+    h.sum().backward()  # would fail had exp's saved output been overwritten
+    manual = leaf.detach().clone().requires_grad_(True)
+    (-(manual.exp() * manual).sum(-1) / math.log(2.0)).sum().backward()
+    same(leaf.grad, manual.grad)
+
+
 def test_kl_equals_its_former_copies_in_their_argument_order():
     lp, base = log_probs((6, 9)), log_probs((6, 9), torch.float64)
     # model/prefix.py kl_bits(logprobs, base): KL(edited || unperturbed), the edited run cast to float64
