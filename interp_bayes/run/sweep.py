@@ -698,13 +698,14 @@ def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, w
     last stage computed here (``helper``: a helper worker, which speaks of the stages it computes only; ``cached``:
     the probes found cached just before, else looked up here). With several workers every worker takes the longest
     stages first (``expected``) and passes over a stage another worker holds, then waits for those at the end
-    (finding them cached)."""
+    (finding them cached); a helper does not wait for them but ends, so that the first worker can take its cores
+    (``_take_cores_of_finished_helpers``) while the stages another worker holds go on."""
     folder, say = ctx.folder, ctx.say
     eta = ETA(probes, folder, ctx.config.model, workers, cached=cached, alone=alone_pace(ctx.config, workers))
     index = {p.name: i for i, p in enumerate(probes, start=1)}
     order = probes if workers == 1 else sorted(probes, key=lambda p: -(eta.expected(p.name) or 0.0))
     views_current, passed = True, []
-    for wait, todo in ((workers == 1, order), (True, passed)):
+    for wait, todo in ((workers == 1, order), (True, passed if not helper else [])):
         for probe in todo:
             check_stop()
             pfolder = inside(folder, folder / "probes" / probe.name)  # never through a link out of the run
