@@ -415,13 +415,14 @@ def cpu_threads(threads: int | None):
 # model holds its load and the collection of the sets it shares), and the reference sample's seconds per prompt
 # (``reference_pace``) at one thread: the cost of a probe never run under --out, analyses, wind tunnels and
 # sequential stopping included. Measured on a quiet 2-core AMD EPYC (AVX2), 2026-12-03 (docs/performance.md,
-# "The default sweep on a quiet machine", which says how to measure them again).
+# "The default sweep on a quiet machine", which says how to measure them again); entropy_neurons and focusing on
+# 2026-12-04, after the pool's activation set moved from the first to the second (the first to need it).
 REFERENCE_MODEL = "smollm2-135m"
 REFERENCE_FORWARD = 0.114
 REFERENCE_SECONDS = dict(
     axis=4.8, decoding=46.0, decoding_windtunnel=4.0, decoding_windtunnel_hmm=24.7,
-    decoding_windtunnel_replacement=11.8, entropy_neurons=112.0, entropy_neurons_windtunnel=14.7,
-    entropy_neurons_windtunnel_replacement=16.0, focusing=7.2, icl=150.3, keys=1.6, manifold_code=1.5,
+    decoding_windtunnel_replacement=11.8, entropy_neurons=52.4, entropy_neurons_windtunnel=14.7,
+    entropy_neurons_windtunnel_replacement=16.0, focusing=72.5, icl=150.3, keys=1.6, manifold_code=1.5,
     manifold_math=1.5, manifold_mixed=1.7, martingale=86.0, martingale_windtunnel=4.3,
     martingale_windtunnel_replacement=4.0, windtunnel=11.6, windtunnel_hmm=28.1,
     windtunnel_replacement=75.0,  # at 160 sequences (0.9.0), measured on a loaded machine: an upper figure
