@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -614,9 +614,10 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = (), ref:
             views_current = (folder / "report.html").exists()
             try:
                 helpers = _start_helpers(config, workers)
-                widen = _take_cores_of_finished_helpers(helpers, workers * worker_threads(config, workers), say) \
-                    if helpers and config.threads is None else (lambda: None)
-                with at_safe_points(widen):
+                taking = at_safe_points(_take_cores_of_finished_helpers(
+                    helpers, workers * worker_threads(config, workers), say)) \
+                    if takes_cores(config, workers) else nullcontext()
+                with taking:
                     views_current = _compute(ctx, probes, redo, run, workers, cached=cached) and views_current
                 _join_helpers(helpers)
                 if (folder / "model.json").exists() and _model_json_stale(ctx):
@@ -669,10 +670,16 @@ def worker_threads(config: SweepConfig, workers: int) -> int | None:
 TWO_THREAD_PACE = 393.3 / 736.2
 
 
+def takes_cores(config: SweepConfig, workers: int) -> bool:
+    """Whether the first worker takes the other workers' cores once they are done: two workers or more at threads
+    the sweep chose (``--threads`` keeps every worker at its count)."""
+    return workers > 1 and config.threads is None
+
+
 def alone_pace(config: SweepConfig, workers: int) -> float:
     """The last worker's pace against one thread once the other workers are done: ``TWO_THREAD_PACE`` where it
-    takes their cores (two workers or more at threads the sweep chose), else 1."""
-    return TWO_THREAD_PACE if workers > 1 and config.threads is None else 1.0
+    takes their cores (``takes_cores``), else 1."""
+    return TWO_THREAD_PACE if takes_cores(config, workers) else 1.0
 
 
 def _take_cores_of_finished_helpers(helpers: list, threads: int, say: Callable) -> Callable[[], None]:
