@@ -143,15 +143,16 @@ class MLPBaseline(HookedWindtunnel):
 
     model_type = "windtunnel_mlp"
 
-    def __init__(self, vocab_size: int, n_positions: int, d_model: int, n_blocks: int, d_hidden: int) -> None:
+    def __init__(self, vocab_size: int, n_positions: int, d_model: int, n_blocks: int, d_hidden: int,
+                 init_std: float = 0.02) -> None:
         super().__init__(vocab_size=vocab_size, n_positions=n_positions, d_model=d_model, n_blocks=n_blocks,
-                         d_hidden=d_hidden)
+                         d_hidden=d_hidden, init_std=init_std)
         self.wte = nn.Embedding(vocab_size, d_model)
         self.wpe = nn.Embedding(n_positions, d_model)
         self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(MLPBlock(d_model, d_hidden) for _ in range(n_blocks))
         self.ln_f = nn.LayerNorm(d_model)
-        normal_init(self)
+        normal_init(self, init_std)
         self.finish(n_positions, d_model)
 
 
@@ -168,16 +169,16 @@ class ContextMLP(HookedWindtunnel):
     model_type = "windtunnel_mlp_context"
 
     def __init__(self, vocab_size: int, n_positions: int, d_embed: int, d_model: int, n_blocks: int,
-                 d_hidden: int) -> None:
+                 d_hidden: int, init_std: float = 0.02) -> None:
         super().__init__(vocab_size=vocab_size, n_positions=n_positions, d_embed=d_embed, d_model=d_model,
-                         n_blocks=n_blocks, d_hidden=d_hidden)
+                         n_blocks=n_blocks, d_hidden=d_hidden, init_std=init_std)
         self.n_window = n_positions
         self.wte = nn.Embedding(vocab_size, d_embed)
         self.window_proj = nn.Linear(n_positions * d_embed, d_model)
         self.blocks = nn.ModuleList(MLPBlock(d_model, d_hidden) for _ in range(n_blocks))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
-        normal_init(self)
+        normal_init(self, init_std)
         self.finish(n_positions, d_model)
 
     def windows(self, tok: torch.Tensor) -> torch.Tensor:
@@ -219,15 +220,16 @@ class LSTMWindtunnel(HookedWindtunnel):
 
     model_type = "windtunnel_lstm"
 
-    def __init__(self, vocab_size: int, n_positions: int, d_model: int, n_layers: int) -> None:
-        super().__init__(vocab_size=vocab_size, n_positions=n_positions, d_model=d_model, n_layers=n_layers)
+    def __init__(self, vocab_size: int, n_positions: int, d_model: int, n_layers: int, init_std: float = 0.02) -> None:
+        super().__init__(vocab_size=vocab_size, n_positions=n_positions, d_model=d_model, n_layers=n_layers,
+                         init_std=init_std)
         self.wte = nn.Embedding(vocab_size, d_model)
         self.wpe = nn.Embedding(n_positions, d_model)
         self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(LSTMBlock(d_model, d_model) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
-        nn.init.normal_(self.wte.weight, std=0.02)
-        nn.init.normal_(self.wpe.weight, std=0.02)
+        nn.init.normal_(self.wte.weight, std=init_std)  # the LSTM layers keep PyTorch's uniform init
+        nn.init.normal_(self.wpe.weight, std=init_std)
         self.finish(n_positions, d_model)
 
 

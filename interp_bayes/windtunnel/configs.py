@@ -49,6 +49,10 @@ class TrainConfig:
     n_heads: int = 4
     d_model: int = 64
     d_ff: int = 256
+    # std of the normal init of the weight matrices (the transformer's HF initializer_range, GPT-2's 0.02; the
+    # MLPs' matrices, the LSTM's embeddings; Mamba-2 keeps HF's own 0.1). Larger shortens the plateau before a
+    # two-step circuit such as recall's binding forms (docs/windtunnels.md, issue 40).
+    init_std: float = 0.02
     n_positions: int = 0  # 0: the task's longest training sequence
     steps: int = 1000
     batch_size: int = 128
@@ -160,12 +164,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # Associative recall (tasks/recall.py). Paper: the authors' generator defaults (256 keys and values, 64 pairs,
 # 32 filler, 3 queries; 329 tokens); their repository has no recall training script, so the model is Paper I's
-# bijection transformer. cpu: 12 keys and values, 4 pairs, 4 filler (33 tokens), the bijection cpu model.
+# bijection transformer. cpu: 12 keys and values, 4 pairs, 4 filler (33 tokens), the bijection cpu model with its
+# weights drawn at std 0.1: at GPT-2's 0.02 no run left the stored-values plateau in 8,000 steps; at 0.1 the binding
+# circuit forms by step ~300 at most seeds (docs/windtunnels.md, issue 40).
 PRESETS["recall"] = {
     "paper": PRESETS["bijection"]["paper"] | dict(
         task_kwargs=dict(n_keys=256, n_values=256, n_pairs=64, n_queries=3, n_filler=32)),
     "cpu": dict(n_layers=2, n_heads=4, d_model=64, d_ff=256, steps=2000, batch_size=64, lr=3e-3, warmup=200,
-                weight_decay=0.01, loss="soft", checkpoints=[1000],
+                weight_decay=0.01, loss="soft", checkpoints=[1000], init_std=0.1,
                 task_kwargs=dict(n_keys=12, n_values=12, n_pairs=4, n_queries=3, n_filler=4)),
     "tiny": dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, steps=300, batch_size=64, lr=3e-3, warmup=30,
                  eval_every=100, eval_n=128, log_every=10, checkpoints=[100],
@@ -233,7 +239,7 @@ def gpt2_config(cfg: TrainConfig, task: BijectionTask | HMMTask) -> GPT2Config:
         vocab_size=special + 1, n_positions=n_positions(cfg, task), n_embd=cfg.d_model, n_layer=cfg.n_layers,
         n_head=cfg.n_heads, n_inner=cfg.d_ff, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=special, eos_token_id=special,
-        pad_token_id=special,
+        pad_token_id=special, initializer_range=cfg.init_std,
     )
 
 
@@ -246,7 +252,7 @@ def neox_config(cfg: TrainConfig, task: BijectionTask | HMMTask, rotary_pct: flo
         vocab_size=special + 1, max_position_embeddings=n_positions(cfg, task), hidden_size=cfg.d_model,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
         hidden_act="gelu", rotary_pct=rotary_pct, use_parallel_residual=False, attention_dropout=0.0,
-        hidden_dropout=0.0,
+        hidden_dropout=0.0, initializer_range=cfg.init_std,
         tie_word_embeddings=True, bos_token_id=special, eos_token_id=special, pad_token_id=special,
     )
 
@@ -283,7 +289,7 @@ def build_mlp(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: in
     vocab, npos, d, nb = len(task.vocab) + 1, n_positions(cfg, task), cfg.d_model, cfg.n_layers
     fixed = (vocab + npos) * d + 2 * d + nb * 3 * d  # embeddings, final LN, per-block LN + output bias
     hidden = max(1, round((target - fixed) / (nb * (2 * d + 1))))
-    model = MLPBaseline(vocab, npos, d, nb, hidden)
+    model = MLPBaseline(vocab, npos, d, nb, hidden, cfg.init_std)
     if abs(n_params(model) - target) > 0.02 * target:
         raise ValueError(f"MLP has {n_params(model)} params vs target {target}: not within 2%; change n_layers.")
     return model
@@ -303,7 +309,7 @@ def build_mlp_context(cfg: TrainConfig, task: BijectionTask | HMMTask, target_pa
     vocab, npos, d, nb = len(task.vocab) + 1, n_positions(cfg, task), cfg.d_model, cfg.n_layers
     d_embed = max(1, round(CONTEXT_SHARE * target / (npos * d)))
     hidden = solve_width(lambda h: ContextMLP(vocab, npos, d_embed, d, nb, h), target, what="context MLP")
-    return ContextMLP(vocab, npos, d_embed, d, nb, hidden)
+    return ContextMLP(vocab, npos, d_embed, d, nb, hidden, cfg.init_std)
 
 
 def build_lstm(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: int | None = None) -> nn.Module:
@@ -314,7 +320,7 @@ def build_lstm(cfg: TrainConfig, task: BijectionTask | HMMTask, target_params: i
     target = target_params or n_params(build_transformer(cfg, task))
     vocab, npos = len(task.vocab) + 1, n_positions(cfg, task)
     width = solve_width(lambda d: LSTMWindtunnel(vocab, npos, d, cfg.n_layers), target, what="LSTM")
-    return LSTMWindtunnel(vocab, npos, width, cfg.n_layers)
+    return LSTMWindtunnel(vocab, npos, width, cfg.n_layers, cfg.init_std)
 
 
 MAMBA_HEAD_DIM = 16  # Mamba-2 head width: the model width moves in steps of 8, so that 2 * width / 16 heads fit

@@ -3,7 +3,9 @@ patterns read by ``model.read.patterns`` (bit for bit those of the former ``run_
 ``analyses.recall_circuit.attention_patterns``, kept below as the reference); and the kind ``recall_circuit``: its
 rows equal the former ``analyses.recall_circuit.recall_circuit``'s on the committed recall transformer
 (``tests/data/recall_circuit_rows.json``: ``recall_circuit(model, task, n=64, n_boot=200)`` of recall-cpu, seed 2024,
-captured at commit 5901ed0 before the move), along a run's checkpoints, and through the sweep."""
+by the former function as it stood at commit 5901ed0 before the move; captured then on the non-binding transformer,
+and again, by that same function, on the binding one that replaced it (issue 40)), along a run's checkpoints, and
+through the sweep."""
 
 import json
 import shutil
@@ -115,7 +117,7 @@ def rows_by_key(rows) -> dict:
 
 def test_rows_equal_the_former_recall_circuit_on_the_committed_transformer():
     """The kind's scores at the committed transformer's step are the captured rows of the former function, number
-    by number; the recall beside them is the shortcut's (about 1/N = 25%), and no head binds."""
+    by number; the recall beside them is near 100%, and a head binds."""
     torch.set_num_threads(1)
     p = RecallCircuitParams.from_dict(dict(tunnel="recall-cpu", n=64, n_boot=200))
     rows = run(None, p).rows
@@ -125,22 +127,23 @@ def test_rows_equal_the_former_recall_circuit_on_the_committed_transformer():
     assert len(before) == 4 * 2 * 4 and after == before
     assert {r.scope["step"] for r in rows} == {2000}
     recall = [r for r in rows if r.metric == "recall_accuracy"]
-    assert len(recall) == 1 and 0.15 < recall[0].value < 0.35 and recall[0].scope["n_pairs"] == 4
+    assert len(recall) == 1 and recall[0].value > 0.95 and recall[0].scope["n_pairs"] == 4
     lines = summary(rows, p)
-    assert lines[-1].verdict == "does not hold" and "1/N = 0.25" in lines[-1].label
+    assert lines[-1].verdict == "holds" and "1/N = 0.25" in lines[-1].label
 
 
-def test_committed_recall_transformer_has_no_binding_head():
-    """The committed recall-cpu transformer (recall 25%): every layer-0 head spreads its attention from the query
-    keys evenly over the N = 4 stored values (the stored-values shortcut, docs/windtunnels.md), and no head of either
-    layer gives the queried key's value more than its 1/N share."""
+def test_committed_recall_transformer_binds_through_a_look_back_and_a_match():
+    """The committed recall-cpu transformer (recall 100%, docs/windtunnels.md): layer 0 still spreads its attention
+    from the query keys evenly over the N = 4 stored values (the stored-values shortcut), one layer-0 head reads
+    each stored value's key two tokens back above the uniform level (0.130), and every layer-1 head gives the
+    queried key's value well over its 1/N share of the stored values' attention: the two steps of binding."""
     torch.set_num_threads(1)
     rows = run(None, RecallCircuitParams.from_dict(dict(tunnel="recall-cpu", n=200))).rows
     s = scores(r for r in rows if r.metric != "recall_accuracy")
+    assert max(s["recall_key_lookback", 0, head].low for head in range(4)) > 0.2
     for head in range(4):
-        assert s["recall_value_attention", 0, head].value > 0.2  # ~0.93 of each row on the four stored values
-        for layer in range(2):
-            assert abs(s["recall_value_share", layer, head].value - 0.25) < 0.02
+        assert abs(s["recall_value_share", 0, head].value - 0.25) < 0.02
+        assert s["recall_value_share", 1, head].low > 0.5
 
 
 def checkpointed_run(tmp_path: Path) -> Path:
@@ -179,7 +182,7 @@ def test_steps_score_every_checkpoint_and_run_through_the_sweep(tmp_path, capsys
     assert {key[0] for key in by} == {50, 2000} and len(rows) == 2 * (4 * 2 * 4 + 1)
     assert all(by[(50, *key[1:])].value == r.value for key, r in by.items() if key[0] == 2000)
     claims = ledger(view.probes("recall_circuit"))
-    assert [(c.key, c.verdict, c.subject) for c in claims] == [("recall-head-binds", "does not hold", "run")]
+    assert [(c.key, c.verdict, c.subject) for c in claims] == [("recall-head-binds", "holds", "run")]
     assert "fig-recall-circuit-rc" in (result.folder / "report.html").read_text()
     assert cli.main(["results", str(result.folder), "--format", "markdown"]) == 0
     text = capsys.readouterr().out

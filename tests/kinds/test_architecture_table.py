@@ -8,7 +8,9 @@ discrete tunnel (``eval_seconds`` dropped) and its ``cell()`` for every architec
 commit b1b0cbe, before the script was deleted, by a one-off script run there with one torch thread: the script
 loaded by path (``importlib``), ``rows = [score(f, 64) for f in committed folders if tunnel_of(config) in TUNNELS]``,
 ``cells = {f"{arch}/{tunnel}": cell(row or None, arch, tunnel) for arch in ARCHS for tunnel in TUNNELS}``, both
-dumped as JSON. Below, the same through the kind, its rows read back into the script's fields, compared
+dumped as JSON; its four recall rows and cells were rewritten by the same script (from b1b0cbe, loaded the same
+way, which first reproduced the file exactly) when the recall checkpoints were retrained at init_std 0.1 (issue 40).
+Below, the same through the kind, its rows read back into the script's fields, compared
 number by number (``tests.analyses.test_moved_rows.differences``: relative 1e-6) and its summary against the cells."""
 
 from __future__ import annotations

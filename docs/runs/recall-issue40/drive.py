@@ -3,9 +3,9 @@
     python docs/runs/recall-issue40/drive.py train RUN OUT     train the run RUN of runs.json into the folder OUT
     python docs/runs/recall-issue40/drive.py circuit OUT JSON  the recall-circuit scores of OUT's checkpoints
 
-``train``: ``train_windtunnel("recall", preset="cpu", seed=0, eval_every=100, log_every=25, **entry)`` with one
-torch thread, where ``entry`` is the run's entry of runs.json less the keys that only describe it
-(``stopped_at_step``, ``lookback_steps``). An entry with ``lookback_steps: S`` trains through the same loop
+``train``: ``train_windtunnel("recall", preset="cpu", seed=0, eval_every=100, log_every=25, **entry)`` (the
+entry's seed wins) with one torch thread, where ``entry`` is the run's entry of runs.json less the keys that only
+describe it (``stopped_at_step``, ``lookback_steps``). An entry with ``lookback_steps: S`` trains through the same loop
 (``train.fit``) with the look-back curriculum: for its first S steps the loss is the cross-entropy, at each stored
 value, of the key two tokens back (over the key tokens), the first step of the binding circuit; then the recall loss,
 plus that look-back loss where the entry has ``lookback_held: true`` (the first step held in place).
@@ -50,7 +50,7 @@ def recall_loss(logits: torch.Tensor, batch, task, kind: str) -> torch.Tensor:
 
 def train_lookback(out: Path, lookback_steps: int, held: bool, **overrides) -> None:
     """``train.train_task`` with the look-back phase first (module docstring)."""
-    cfg = make_config("recall", "cpu", seed=0, **overrides)
+    cfg = make_config("recall", "cpu", **overrides)
     out.mkdir(parents=True, exist_ok=False)
     torch.manual_seed(cfg.seed)
     task, entry = make_task(cfg), task_entry("recall")
@@ -80,11 +80,12 @@ def train_lookback(out: Path, lookback_steps: int, held: bool, **overrides) -> N
 
 def train(run: str, out: Path) -> None:
     entry = dict(RUNS[run])
-    overrides = {"eval_every": 100, "log_every": 25} | {k: v for k, v in entry.items() if k not in DESCRIBE_ONLY}
+    overrides = {"seed": 0, "eval_every": 100, "log_every": 25} | {k: v for k, v in entry.items()
+                                                                   if k not in DESCRIBE_ONLY}
     if "lookback_steps" in entry:
         train_lookback(out, entry["lookback_steps"], entry.get("lookback_held", False), **overrides)
     else:
-        train_windtunnel("recall", preset="cpu", out=out, seed=0, quiet=True, **overrides)
+        train_windtunnel("recall", preset="cpu", out=out, quiet=True, **overrides)
 
 
 def circuit(out: Path, dest: Path) -> None:
