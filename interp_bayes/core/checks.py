@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # torch is imported inside the functions that need it: core is the light bottom layer that every command imports
 import argparse
+import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -27,6 +28,11 @@ def seed_problem(value) -> str | None:
 
 def count_problem(value, least: int = 1) -> str | None:
     return None if is_int(value) and value >= least else f"a whole number of at least {least}"
+
+
+def positive_problem(value) -> str | None:
+    return None if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf \
+        else "a finite number above 0"
 
 
 def device_problem(value, here: bool = True) -> str | None:
@@ -116,6 +122,7 @@ def count_arg(least: int = 1):
 
 
 seed_arg = _arg(int, seed_problem, "seed")
+positive_arg = _arg(float, positive_problem, "number")
 device_arg = _arg(str, device_problem, "device")
 out_folder_arg = _arg(str, lambda v: path_problem(v, folder=True), "folder")  # -> Path
 out_file_arg = _arg(str, lambda v: path_problem(v, folder=False), "file")  # -> Path

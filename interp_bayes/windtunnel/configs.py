@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, Mamba2Config
 
-from ..core.checks import count_problem, refuse, seed_problem
+from ..core.checks import count_problem, positive_problem, refuse, seed_problem
 from ..core.errors import ConfigError
 from ..tasks.bijection import BijectionTask
 from ..tasks.hmm import HMMTask
@@ -98,6 +98,7 @@ class TrainConfig:
                               "positive number of worker processes.")
         refuse(count_problem(cfg.steps), "The training's steps (--steps)", cfg.steps)
         refuse(seed_problem(cfg.seed), "The training's seed (--seed)", cfg.seed)
+        refuse(positive_problem(cfg.init_std), "The initial weights' std (init_std, --init-std)", cfg.init_std)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from ..core.checks import count_arg, device_arg, device_problem, out_folder_arg, refuse, seed_arg
+from ..core.checks import count_arg, device_arg, device_problem, out_folder_arg, positive_arg, refuse, seed_arg
 from ..core.errors import ConfigError
 from ..core.progress import progress_bar
 from ..core.store import atomic_write_text
@@ -277,6 +277,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=ARCHS, default="transformer",
                         help="model family; all but the transformer are matched to its parameter count")
     parser.add_argument("--steps", type=count_arg(), default=None, help="override the preset's step count")
+    parser.add_argument("--init-std", type=positive_arg, default=None,
+                        help="override the preset's std of the initial weights (GPT-2's 0.02; recall cpu: 0.1)")
     parser.add_argument("--device", type=device_arg, default=None, help="cpu | cuda (default: cuda when available)")
     parser.add_argument("--threads", type=count_arg(), default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -286,7 +288,8 @@ def run_train(args: argparse.Namespace) -> int:
     """Run a training from parsed ``add_train_args`` arguments; returns an exit status."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = {"arch": args.arch} | ({"steps": args.steps} if args.steps is not None else {})
+    overrides = {"arch": args.arch} | {key: value for key in ("steps", "init_std")
+                                       if (value := getattr(args, key)) is not None}
     train_windtunnel(args.task, preset=args.preset, out=args.out, seed=args.seed, device=args.device,
                      quiet=args.quiet, overwrite=args.overwrite, **overrides)
     return 0

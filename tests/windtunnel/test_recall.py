@@ -17,7 +17,8 @@ from interp_bayes.core.errors import ConfigError
 from interp_bayes.tasks.base import TaskBatch
 from interp_bayes.tasks.filters import baseline_posteriors, window_posterior
 from interp_bayes.tasks.recall import RecallTask
-from interp_bayes.windtunnel.configs import PRESETS, build_mlp, build_transformer, make_config, make_task, n_params
+from interp_bayes.windtunnel.configs import (PRESETS, build_mlp, build_model, build_transformer, make_config, make_task,
+                                           n_params)
 from interp_bayes.windtunnel.evaluate import evaluate_windtunnel
 from interp_bayes.windtunnel.recall import evaluate_recall, recall_windows
 from interp_bayes.windtunnel.train import train_main
@@ -236,3 +237,32 @@ def test_recall_mlp_is_capacity_matched(preset):
     task = make_task(cfg)
     n_tr = n_params(build_transformer(cfg, task))
     assert abs(n_params(build_mlp(cfg, task)) - n_tr) <= 0.02 * n_tr
+
+
+@pytest.mark.parametrize("arch", ["transformer", "mlp", "mlp-context", "lstm"])
+def test_init_std_sets_the_initial_weights_scale(arch):
+    """``init_std`` draws the weight matrices the normal init draws (the transformer's HF initializer_range; GPT-2
+    divides its residual projections by sqrt(2 n_layers), so those sit below), 0.02 unless a preset says otherwise;
+    the recall cpu preset draws at 0.1 (docs/windtunnels.md, "What makes the transformer bind")."""
+    assert make_config("recall", "cpu").init_std == 0.1 and make_config("recall", "tiny").init_std == 0.02
+    assert make_config("bijection", "cpu").init_std == 0.02
+    for std in (0.02, 0.1):
+        torch.manual_seed(0)
+        cfg = make_config("recall", "cpu", arch=arch, init_std=std)
+        model = build_model(cfg, make_task(cfg))
+        embedding = model.get_input_embeddings().weight if arch == "transformer" else model.wte.weight
+        assert embedding.std().item() == pytest.approx(std, rel=0.1)
+
+
+def test_init_std_from_the_command_line_and_refused_before_anything_is_written(tmp_path, capsys):
+    argv = ["recall", "--preset", "tiny", "--steps", "2", "--init-std", "0.3", "--quiet", "--threads", "1"]
+    assert train_main([*argv, "--out", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "windtunnel.json").read_text())["config"]["init_std"] == 0.3
+    for bad in ("0", "-0.1", "nan", "inf", "x"):
+        with pytest.raises(SystemExit) as exit_:
+            train_main(["recall", "--init-std", bad, "--out", str(tmp_path / "bad")])
+        assert exit_.value.code == 2 and "--init-std: must be a finite number above 0" in capsys.readouterr().err
+    refused = r"initial weights' std \(init_std, --init-std\) must be a finite number above 0"
+    with pytest.raises(ConfigError, match=refused):
+        make_config("recall", "cpu", init_std=0.0)
+    assert not (tmp_path / "bad").exists()
