@@ -168,3 +168,25 @@ def test_kind_runs_on_a_wind_tunnel_through_the_sweep(tmp_path):
     assert [c.key for c in claims] == ["causal-subspace", "subspace-apart"]
     assert all(c.subject == "bijection-repl-cpu" for c in claims)
     assert "fig-causal-subspace-cs" in (run.folder / "report.html").read_text()
+
+
+def test_the_size_of_the_claim_is_read_from_the_interval_not_the_point():
+    """"holds" needs the decisive cell's bootstrap interval above IIA 0.5: bijection-repl-cpu's 0.474 / 0.533 / 0.495
+    at three seeds (intervals about 0.43-0.57) read "holds" at the seed whose point lay above 0.5 when the point
+    decided; with the interval they read "holds weakly" at all three."""
+    from types import SimpleNamespace
+
+    from interp_bayes.core.results import Row
+    from interp_bayes.kinds.causal_subspace import CausalSubspaceParams, ledger
+
+    params = CausalSubspaceParams.from_dict(dict(tunnel="bijection-repl-cpu", targets=["bayes"]))
+
+    def verdict(value, low, high, null=(0.26, 0.40)):
+        cell = Row("iia", value, "share", dict(layer=0, reading="resid", target="bayes", d=4), low, high,
+                   null_low=null[0], null_high=null[1], test=dict(p=0.004, low=0.0, high=0.03, draws=250, decision="reject"))
+        probe = SimpleNamespace(name="cs", rows=[cell], params_object=lambda: params)
+        return ledger([probe])[0].verdict
+
+    assert verdict(0.533, 0.49, 0.57) == verdict(0.474, 0.43, 0.52) == "holds weakly"
+    assert verdict(0.86, 0.69, 1.02) == "holds"
+    assert verdict(0.10, 0.06, 0.16, null=(-0.003, 0.003)) == "holds weakly"  # SmolLM2's middle layer
