@@ -403,6 +403,8 @@ def _bad_commands(model: Path, run: Path, d: Path) -> dict:
         "train --steps -5": ({}, [*train, "--out", d / "t", "--steps", "-5"]),
         "train --steps 0": ({}, [*train, "--out", d / "t", "--steps", "0"]),
         "train --device tpu": ({}, [*train, "--out", d / "t", "--device", "tpu"]),
+        "train --init-std 0": ({}, [*train, "--out", d / "t", "--init-std", "0"]),
+        "train --init-std nan": ({}, [*train, "--out", d / "t", "--init-std", "nan"]),
         "train --seed -1": ({}, [*train, "--out", d / "t", "--seed", "-1"]),
         "train --seed beyond 2**32-1": ({}, [*train, "--out", d / "t", "--seed", str(2**32)]),
         "train --out ''": ({}, [*train, "--out", ""]),

@@ -183,7 +183,8 @@ def test_the_size_of_the_claim_is_read_from_the_interval_not_the_point():
 
     def verdict(value, low, high, null=(0.26, 0.40)):
         cell = Row("iia", value, "share", dict(layer=0, reading="resid", target="bayes", d=4), low, high,
-                   null_low=null[0], null_high=null[1], test=dict(p=0.004, low=0.0, high=0.03, draws=250, decision="reject"))
+                   null_low=null[0], null_high=null[1],
+                   test=dict(p=0.004, low=0.0, high=0.03, draws=250, decision="reject"))
         probe = SimpleNamespace(name="cs", rows=[cell], params_object=lambda: params)
         return ledger([probe])[0].verdict
 
