@@ -395,15 +395,25 @@ def bench_interventions(bridge, name: str, device: str, budget: Budget, full: bo
 def placement(folder: Path, whole, args, device: str, dtype: torch.dtype, work: Path) -> dict[str, Any]:
     """The folder loaded with device_map="auto" and a max_memory that leaves part of it off the first device (the
     CPU on a GPU machine; the disk in tiny mode, where the CPU is the only device), against ``whole``: collect's
-    readings (values at every layer, entropy, label log-probs) compared bitwise and by the largest difference."""
+    readings (values at every layer, entropy, label log-probs) compared bitwise and by the largest difference. On a
+    GPU the loader refuses that map (a GPU beside CPU/disk offload, which TransformerLens 4.3 does not run): the
+    refusal and its time are recorded instead (the one-GPU run of 2026-12-04 met it)."""
     import interp_bayes as ib
+    from interp_bayes.core.errors import ModelLoadError
 
     weights = sum(p.numel() * p.element_size() for p in whole.original_model.parameters())
     share = int(weights * args.gpu_share)
     max_memory = {0: share, "cpu": 2 * weights} if device == "cuda" else {"cpu": share}
     t = time.perf_counter()
-    split = ib.load_model(folder, dtype=dtype, device_map="auto", max_memory=max_memory,
-                          offload_folder=work / "offload")
+    try:
+        split = ib.load_model(folder, dtype=dtype, device_map="auto", max_memory=max_memory,
+                              offload_folder=work / "offload")
+    except ModelLoadError as err:  # GPU beside CPU/disk: refused before any weight is read (docs/scale.md)
+        if device != "cuda" or "mixed GPU" not in str(err):
+            raise
+        print(f"   device_map='auto' over cuda:0 and cpu: refused as documented ({err})", flush=True)
+        return dict(max_memory={str(k): v for k, v in max_memory.items()}, weight_bytes=weights,
+                    refused=str(err), refuse_s=time.perf_counter() - t)
     load_s = time.perf_counter() - t
     placed = split.original_model.hf_device_map
     where = sorted({str(v) for v in placed.values()})
@@ -531,6 +541,9 @@ def markdown(results: dict) -> str:
         if "bitwise_equal" in p:
             lines.append(f"  - device_map='auto' over {p['devices']} ({p['modules_per_device']}): collect bitwise "
                          f"equal {p['bitwise_equal']}, largest difference {p['max_abs_diff']:.3g}")
+        if "refused" in p:
+            lines.append(f"  - device_map='auto' over cuda:0 and cpu: refused in {p['refuse_s']:.1f} s, before any "
+                         f"weight is read, as documented (TransformerLens 4.3 runs no GPU beside CPU/disk offload)")
         for part in ("collect", "interventions", "placement"):
             if "error" in e.get(part, {}):
                 lines.append(f"  - {part} failed: {e[part]['error']}")
