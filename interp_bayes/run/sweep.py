@@ -613,12 +613,14 @@ def run_sweep(config: SweepConfig, model=None, *, redo: Sequence[str] = (), ref:
                 write_json(folder / "env.json", dict(environment(config.seed), float32=ctx.float32))
             views_current = (folder / "report.html").exists()
             try:
-                helpers = _start_helpers(config, workers)
+                pace = eta_pace(ctx, probes, cached)  # before the helpers start, so that they share it
+                helpers = _start_helpers(config, workers, pace)
                 taking = at_safe_points(_take_cores_of_finished_helpers(
                     helpers, workers * worker_threads(config, workers), say)) \
                     if takes_cores(config, workers) else nullcontext()
                 with taking:
-                    views_current = _compute(ctx, probes, redo, run, workers, cached=cached) and views_current
+                    views_current = _compute(ctx, probes, redo, run, workers, cached=cached,
+                                             pace=pace) and views_current
                 _join_helpers(helpers)
                 if (folder / "model.json").exists() and _model_json_stale(ctx):
                     say("model.json is damaged or does not match the model: loading it to write it again")
@@ -701,15 +703,16 @@ def _take_cores_of_finished_helpers(helpers: list, threads: int, say: Callable) 
 
 
 def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, workers: int,
-             helper: bool = False, cached: set[str] | None = None) -> bool:
+             helper: bool = False, cached: set[str] | None = None, pace: float | None = None) -> bool:
     """Compute every stage of ``probes`` not cached, each under its lock; whether the views were rebuilt after the
     last stage computed here (``helper``: a helper worker, which speaks of the stages it computes only; ``cached``:
-    the probes found cached just before, else looked up here). With several workers every worker takes the longest
+    the probes found cached just before, else looked up here; ``pace``: the ETA's first pace, ``eta_pace``). With several workers every worker takes the longest
     stages first (``expected``) and passes over a stage another worker holds, then waits for those at the end
     (finding them cached); a helper does not wait for them but ends, so that the first worker can take its cores
     (``_take_cores_of_finished_helpers``) while the stages another worker holds go on."""
     folder, say = ctx.folder, ctx.say
-    eta = ETA(probes, folder, ctx.config.model, workers, cached=cached, alone=alone_pace(ctx.config, workers))
+    eta = ETA(probes, folder, ctx.config.model, workers, cached=cached, alone=alone_pace(ctx.config, workers),
+              pace=pace)
     index = {p.name: i for i, p in enumerate(probes, start=1)}
     order = probes if workers == 1 else sorted(probes, key=lambda p: -(eta.expected(p.name) or 0.0))
     views_current, passed = True, []
@@ -743,17 +746,17 @@ def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, w
     return views_current
 
 
-def _start_helpers(config: SweepConfig, workers: int) -> list:
+def _start_helpers(config: SweepConfig, workers: int, pace: float | None = None) -> list:
     """``workers - 1`` helper processes (spawned: a fresh interpreter each) computing stages of the same run."""
     spawn = multiprocessing.get_context("spawn")
-    helpers = [spawn.Process(target=_helper, args=(asdict(config), workers, i), name=f"worker {i}", daemon=True)
+    helpers = [spawn.Process(target=_helper, args=(asdict(config), workers, i, pace), name=f"worker {i}", daemon=True)
                for i in range(2, workers + 1)]
     for h in helpers:
         h.start()
     return helpers
 
 
-def _helper(config: dict, workers: int, number: int) -> None:
+def _helper(config: dict, workers: int, number: int, pace: float | None = None) -> None:
     """A helper worker: the sweep's stages, longest first, in its own process at the sweep's threads (1 by default);
     no progress bars (the first worker's are shown), its lines tagged with its number. It recomputes nothing cached
     (``--redo`` is the first worker's)."""
@@ -763,7 +766,7 @@ def _helper(config: dict, workers: int, number: int) -> None:
         ref = config.model_ref()
         ctx = Context(run_folder(config, ref), config, say, ref=ref)
         with stop_on_signal(), cpu_threads(worker_threads(config, workers)), float32_mode(ctx.float32):
-            _compute(ctx, load_probes(config), (), Run(ctx.folder, config), workers, helper=True)
+            _compute(ctx, load_probes(config), (), Run(ctx.folder, config), workers, helper=True, pace=pace)
     except KeyboardInterrupt:  # a stop (Ctrl-C reaches every worker; SIGTERM from the first): the first one reports
         pass
 
@@ -787,6 +790,20 @@ def _stop_helpers(helpers: list) -> None:
 CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
 
 
+def eta_pace(ctx: Context, probes: list[Probe], cached: set[str]) -> float | None:
+    """This machine's pace against the reference one (``reference_pace``, as the dry run times it), for the ETA's
+    estimates before the run's first stage ends: timed once where progress is shown and a stage to compute on the
+    reference model will be estimated from its reference seconds; else None (the ETA starts at the reference pace).
+    The model it loads is the one the stages use."""
+    config = ctx.config
+    if config.quiet or config.model != REFERENCE_MODEL:
+        return None
+    if not any(p.name not in cached and recorded_seconds(ctx.folder, p.name) is None
+               and reference_seconds(p, config.model) is not None for p in probes):
+        return None
+    return reference_pace(ctx.model, config)
+
+
 def recorded_seconds(folder: Path, name: str) -> float | None:
     """What probe ``name`` took when last computed in ``folder`` or a sibling run folder (None: never)."""
     for candidate in [folder, *sorted(p for p in folder.parent.glob("*") if p != folder)]:
@@ -803,14 +820,15 @@ class ETA:
     """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
     same model under ``--out``); one never computed here takes its ``reference_seconds`` times the pace of this run
-    (the seconds of the probes it has computed over their reference seconds; 1 before the first), else the mean of
+    (the seconds of the probes it has computed over their reference seconds; before the first, ``pace``: this
+    machine's pace timed at the start, ``eta_pace``, or 1), else the mean of
     the others. With several workers the rest takes its ``makespan``, and a stage another worker finished (its
     stage.json there) is no longer left."""
 
     def __init__(self, probes: list, folder: Path, model: str = "", workers: int = 1,
-                 cached: set[str] | None = None, alone: float = 1.0) -> None:
+                 cached: set[str] | None = None, alone: float = 1.0, pace: float | None = None) -> None:
         """``cached``: the probes whose stages are cached now, when the caller has just checked them; ``alone``: the
-        last worker's pace once the others are done (``alone_pace``)."""
+        last worker's pace once the others are done (``alone_pace``); ``pace``: the pace before a stage ends."""
         if cached is None:
             cached = {p.name for p in probes if stage_problem(folder / "probes" / p.name, p.key()) is None}
         self.left, self.reference = {}, {}
@@ -822,14 +840,14 @@ class ETA:
             self.left[p.name] = recorded_seconds(folder, p.name)
             if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:
                 self.reference[p.name] = ref
-        self.folder, self.workers, self.alone = folder, workers, alone
+        self.folder, self.workers, self.alone, self.prior = folder, workers, alone, pace or 1.0
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
         self.paced = [0.0, 0.0]  # seconds and reference seconds of this run's probes that have a reference
 
     def expected(self, name: str) -> float | None:
         """Seconds probe ``name`` is expected to take (None: unknown)."""
-        pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else 1.0
+        pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else self.prior
         seconds = self.left.get(name)
         return self.reference[name] * pace if seconds is None and name in self.reference else seconds
 

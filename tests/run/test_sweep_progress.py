@@ -133,6 +133,12 @@ def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_
     rd, rw = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"]
     # decoding_windtunnel at the pace of three; keys the mean of that and windtunnel's measured time
     assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)
+    # the pace timed at the start (eta_pace) scales the reference seconds until a stage of this run has ended
+    eta = ETA(probes, tmp_path / "nothing-here", model="some-model", pace=0.5)
+    assert eta.remaining() == pytest.approx(0.5 * (refs + refs / 2))
+    eta.t_probe -= 3 * REFERENCE_SECONDS["windtunnel"]
+    eta.done(probes[0], cached=False)
+    assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)
 
 
 def test_workers_take_the_longest_stage_first_and_the_estimate_their_makespan(tiny_dirs, monkeypatch):
@@ -190,3 +196,25 @@ def test_the_first_worker_takes_the_cores_of_helpers_once_all_have_exited():
     config = SweepConfig(model="x")
     assert sweep.alone_pace(config, 2) == sweep.TWO_THREAD_PACE < 1
     assert sweep.alone_pace(config, 1) == sweep.alone_pace(config.override(threads=1), 2) == 1.0
+
+
+def test_the_first_eta_is_timed_at_this_machines_pace_only_where_it_is_used(tmp_path, monkeypatch):
+    """``eta_pace`` times the reference sample (as the dry run does) only with progress shown, on the reference model,
+    and where a stage to compute will be estimated from its reference seconds; the model it times is the stages'."""
+    from types import SimpleNamespace
+
+    from interp_bayes.run import sweep
+
+    timed = []
+    monkeypatch.setattr(sweep, "reference_pace", lambda model, config: timed.append(model) or 0.55)
+    probes = [sweep.load_probe("windtunnel"), sweep.load_probe("keys")]
+
+    def ctx(**kw):
+        config = SimpleNamespace(quiet=False, model=sweep.REFERENCE_MODEL) if not kw else SimpleNamespace(**kw)
+        return SimpleNamespace(config=config, folder=tmp_path / "run", model="the stages' model")
+
+    assert sweep.eta_pace(ctx(), probes, cached=set()) == 0.55 and timed == ["the stages' model"]
+    assert sweep.eta_pace(ctx(), probes, cached={"windtunnel", "keys"}) is None  # nothing left to estimate
+    assert sweep.eta_pace(ctx(quiet=True, model=sweep.REFERENCE_MODEL), probes, cached=set()) is None
+    assert sweep.eta_pace(ctx(quiet=False, model="another-model"), probes, cached=set()) is None
+    assert len(timed) == 1
