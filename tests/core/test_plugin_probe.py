@@ -28,6 +28,9 @@ MODULE = re.search(r"```python\n(.*?)```", DOC_TEXT, re.S).group(1)  # the worke
 RECIPE = yaml.safe_load(re.search(r"```yaml\n(.*?)```", DOC_TEXT, re.S).group(1))
 COMMANDS = re.search(r"```bash\n(.*?)```", DOC_TEXT, re.S).group(1)  # "Try it on a tiny model"
 FIGURE = 'id="fig-mean-entropy-mean_entropy"'
+TUNNEL_DOC = DOC_TEXT.split("\n## A wind-tunnel example\n")[1]  # the second worked example
+TUNNEL_MODULE = re.search(r"```python\n(.*?)```", TUNNEL_DOC, re.S).group(1)
+TUNNEL_RECIPE = yaml.safe_load(re.search(r"```yaml\n(.*?)```", TUNNEL_DOC, re.S).group(1))
 CLI = [sys.executable, "-m", "interp_bayes.cli"]
 
 
@@ -97,6 +100,60 @@ def test_the_documented_toy_probe_runs_end_to_end(tiny_dirs, tmp_path, registry)
     page = _page_here(run.folder, forget="mean_entropy")
     assert FIGURE not in page and "mean_entropy: kind mean_entropy not loaded" in page
     assert f"needs the module {tmp_path.resolve() / 'my_probes.py'}" in page and "mean_entropy: mean_entropy {}" in page
+
+
+def test_the_documented_wind_tunnel_probe_runs_and_computes_what_it_says(tiny_dirs, tmp_path, registry):
+    """The wind-tunnel example as written, through the sweep on bijection-repl-cpu, against references computed
+    here: the residual norms from the tunnel's own forward pass at the query positions, the exact posterior's entropy
+    from the batch, rho from scipy, the null range and p from numpy over permutations of whole sequences; its claim
+    is in the ledger and its figure in the page. A layer beyond the tunnel's depth is refused before anything is
+    written, and a null shuffling single rows would sit near 0, far below the one that keeps position."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    from interp_bayes.report.ledger import collect, ledger_lines
+    from interp_bayes.report.view import RunView
+    from interp_bayes.stats import group_permutations
+    from interp_bayes.windtunnel.tunnels import open_tunnel
+
+    (tmp_path / "resid_norm.py").write_text(TUNNEL_MODULE)
+    (tmp_path / "resid_norm.yaml").write_text(yaml.safe_dump(TUNNEL_RECIPE))
+    (tmp_path / "deep.yaml").write_text(yaml.safe_dump(dict(TUNNEL_RECIPE, at=5)))
+    config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), quiet=True,
+                         probes=[str(tmp_path / "deep.yaml")])
+    with pytest.raises(ConfigError, match="Layer 5 is out of range for a model with 2 layers"):
+        run_sweep(config)
+    assert not (tmp_path / "runs").exists()
+
+    run = run_sweep(config.override(probes=[str(tmp_path / "resid_norm.yaml")]))
+    row = find(run.rows, "spearman_norm_entropy", layer=1)
+    assert row.kind == "resid_norm" and row.n == 40 and row.null == "sequences permuted"
+    data = json.loads((run.folder / "probes" / "resid_norm" / "data.json").read_text())
+    tunnel = open_tunnel("bijection-repl-cpu")
+    batch = tunnel.task.sample(40, seed=2024)
+    _, cache = tunnel.model.run_with_cache(batch.input_ids, names_filter="blocks.1.hook_resid_post")
+    norm = cache["blocks.1.hook_resid_post"][:, batch.query_pos].double().norm(dim=-1).reshape(-1).numpy()
+    post = batch.posterior.double().reshape(-1, batch.posterior.shape[-1]).numpy()
+    exact = -(post * np.log2(np.where(post > 0, post, 1.0))).sum(-1)
+    np.testing.assert_allclose(data["norm"], norm, rtol=1e-4)
+    np.testing.assert_allclose(data["entropy"], exact, rtol=1e-12, atol=1e-12)
+    tied = np.round(exact, 9)  # equal entropies computed along different paths differ by 1e-16: ties, as ranks snaps
+    assert row.value == pytest.approx(spearmanr(norm, tied).statistic, abs=1e-9)
+    groups = np.repeat(np.arange(40), len(batch.query_pos))
+    null = np.array([spearmanr(norm, tied[i]).statistic for i in group_permutations(groups, 1000, run.config.seed)])
+    assert [row.null_low, row.null_high] == pytest.approx(np.percentile(null, [2.5, 97.5]), abs=1e-9)
+    p = min(1.0, 2 * (1 + min((null >= row.value).sum(), (null <= row.value).sum())) / 1001)
+    assert row.note == f"p = {p:.3g}"
+    rows_shuffled = [spearmanr(norm, tied[np.random.default_rng(s).permutation(len(exact))]).statistic
+                     for s in range(200)]
+    assert abs(np.mean(rows_shuffled)) < 0.1 < row.null_low  # the null that keeps position is far from 0
+
+    claims = [c for c in collect(RunView.load(run.folder)) if c.key == "resid-norm-entropy"]
+    assert len(claims) == 1 and claims[0].subject == "bijection-repl-cpu"
+    assert claims[0].verdict == ("holds" if row.value > row.null_high else "does not hold")
+    assert ledger_lines(claims, "m")[1].startswith("  wind tunnel bijection-repl-cpu: 1 claims: ")
+    page = html.unescape((run.folder / "report.html").read_text())
+    assert 'id="fig-resid-norm-resid_norm"' in page and claims[0].claim in page
 
 
 def test_the_documented_tiny_model_commands_run_and_a_fresh_report_shows_the_plugin(tmp_path):
