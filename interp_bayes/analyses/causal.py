@@ -31,11 +31,16 @@ from typing import Callable
 
 import numpy as np
 import torch
+from scipy.linalg import subspace_angles
 
 from ..core.results import Row
 from ..core.stop import check_stop
+from ..model.hooks import reading_hook
+from ..model.prefix import capture_residuals, replay_prefix
+from ..model.read import final_logits, final_position_tail, length_batches, read, tokenize
 from ..stats import as_float64, bootstrap_ratio, group_folds, interval, sequential_test
 from ..stats.info import entropy_of_log_probs, kl
+from .axis import fit_direction
 
 SITES = ("resid", "v")
 TARGETS = ("bayes", "model")  # the source's exact posterior, or the model's own output on the source
@@ -98,8 +103,6 @@ def completed(axes: np.ndarray, d: int, rng: np.random.Generator) -> np.ndarray:
 def angles_deg(q: np.ndarray, axis: np.ndarray) -> float:
     """The principal angle (degrees) between the span of ``q`` ([dim, d]) and a direction (or the largest between
     two spans): ``scipy.linalg.subspace_angles``."""
-    from scipy.linalg import subspace_angles
-
     return float(np.degrees(subspace_angles(q, axis.reshape(len(axis), -1)).max()))
 
 
@@ -215,8 +218,6 @@ def das_report(site: Site, targets: np.ndarray, *, strata, evidence, groups, ent
     until the test against it is settled, at most ``n_null`` draws), ``iia_axes`` (the axes' span completed to d),
     ``kl_target`` (DAS, axes, and the null's range), ``angle_pc1`` / ``angle_ridge`` (degrees, the mean over folds,
     against random d-dim subspaces, at most ``n_angle_null`` draws)."""
-    from .axis import fit_direction
-
     scope = dict(scope or {})
     strata, evidence, groups = np.asarray(strata), np.asarray(evidence), np.asarray(groups)
     t = torch.as_tensor(np.asarray(targets), dtype=torch.float32)
@@ -298,10 +299,6 @@ def model_site(model, prompts, layer: int, reading: str, label_tokens, *, batch_
     One clean pass per batch of equal length captures the residual entering the first block the edit can change
     (``model.prefix.capture_residuals``); each interchange replays it (``replay_prefix``) with the final position's
     vector replaced, so only the blocks from the site on compute. Log-probabilities are over ``label_tokens``."""
-    from ..model.read import final_logits, final_position_tail, length_batches, read, tokenize
-    from ..model.hooks import reading_hook
-    from ..model.prefix import capture_residuals, replay_prefix
-
     token_ids = tokenize(model, prompts)
     device = next(model.parameters()).device
     labels = torch.tensor(list(label_tokens), device=device)

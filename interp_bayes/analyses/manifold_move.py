@@ -30,6 +30,8 @@ the caller from the next-token log-probabilities.
 
 from __future__ import annotations
 
+# windtunnel.kalman is imported inside kalman_move, its one user: it opens tunnels, whose configs import transformers
+# (~1.5 s), and manifold_move on other states needs none of it
 from typing import Callable
 
 import numpy as np

@@ -30,9 +30,11 @@ import torch
 
 from ..core.errors import UnsupportedModelError
 from ..core.layers import layer_index
+from ..core.progress import progress_bar
 from ..core.stop import check_stop
 from ..core.results import Row
 from ..model.hooks import act_name, module_input
+from ..model.read import check_prompts, length_batches, tokenize
 from ..stats import as_float64, bootstrap_ratio, interval, percentile_of
 from ..stats.info import LN2, entropy_of_log_probs
 from .unembedding import NullSpace, PostNorm, neuron_scores, post_mlp_norm, unembedding_null_space
@@ -79,8 +81,6 @@ def _batch_stats(logits: torch.Tensor, ids: torch.Tensor, label_tokens) -> dict[
 
 def _prepare(model, prompts, batch_size):
     """Token ids (the checkpoint's own tokenizer) and their length buckets; refuses models without the hooks."""
-    from ..model.read import check_prompts, length_batches, tokenize
-
     scale = act_name("scale")
     if scale not in model.hook_dict:
         raise UnsupportedModelError(f"This model has no '{scale}' hook (no final LayerNorm or RMSNorm); the final-norm "
@@ -269,8 +269,6 @@ def ablation_effects(model, prompts, neurons: Sequence[int], *, layer: int = -1,
     RMSNorm too, and a soft cap after it. Full hooked passes check that shortcut for the first neuron on the first
     batch, and every pass is a full one if it does not hold. Other layers rerun the whole model with the ablation
     hooked on ``hook_post``."""
-    from ..core.progress import progress_bar
-
     idx = layer_index(layer, model.cfg.n_layers)
     last = idx == model.cfg.n_layers - 1
     post = post_mlp_norm(model, idx)

@@ -26,6 +26,16 @@ def error_bars(rows) -> dict:
                 arrayminus=[r.value - r.low for r in rows])
 
 
+def axis_titles(fig, x: str | None, y: str | None, *, xaxis: dict | None = None, yaxis: dict | None = None,
+                **at) -> None:
+    """Title the x and y axes (None: leave that axis alone), with any other plotly properties of each (``xaxis``,
+    ``yaxis``: e.g. ``type``, ``range``), on every panel or on the one ``at`` names (``row``, ``col``)."""
+    if x is not None:
+        fig.update_xaxes(title_text=x, **(xaxis or {}), **at)
+    if y is not None:
+        fig.update_yaxes(title_text=y, **(yaxis or {}), **at)
+
+
 def layout(fig, title: str, **kw):
     """House style: the title on top, then a horizontal legend, both above the plot area (pixel positions, so
     they never overlap subplot titles); axis titles never clipped; layer axes ticked at whole layers; a panel with

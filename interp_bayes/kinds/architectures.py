@@ -23,7 +23,7 @@ from ..windtunnel.table import task_entry
 from ..windtunnel.tunnels import PACKAGED, open_tunnel, tunnel_config
 from .common import figure_per_probe
 from .windtunnel import DISCRETE_TASKS, tunnel_folder
-from ..core.figures import error_bars
+from ..core.figures import axis_titles, error_bars
 
 TUNNELS = ("bijection", "bijection-replacement", "hmm", "hmm-sticky", "recall")  # the table's columns
 # Paper I v3 (issue 27): KL in bits for the bijection and the paper-family HMM, % correct for associative recall
@@ -137,8 +137,8 @@ def figures(fig, pr, where):
             fig.add_scatter(x=[r.scope["tunnel"] for r in rs], y=[r.value for r in rs], mode="markers", name=arch,
                             text=[r.scope["checkpoint"] for r in rs], error_y=error_bars(rs))
     fig.add_hline(y=0, line=dict(dash="dot", color="grey"))
-    fig.update_xaxes(title_text="tunnel", type="category", categoryorder="array", categoryarray=list(TUNNELS))
-    fig.update_yaxes(title_text="best window's KL minus the model's (bits)")
+    axis_titles(fig, "tunnel", "best window's KL minus the model's (bits)",
+                xaxis=dict(type="category", categoryorder="array", categoryarray=list(TUNNELS)))
     return ("Architectures against the best window filter",
             "Margin over the best window filter, per architecture and tunnel",
             "Above 0: the model beats every window filter. Paired bootstrap 95% intervals over sequences; hover for "

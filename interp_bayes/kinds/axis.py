@@ -15,7 +15,7 @@ from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from .common import SULA_LAYERS, check_folds, deconfounded, deconfounded_text, plan_sula, sula, sula_prompts
 from .icl import TARGETS
-from ..core.figures import layout
+from ..core.figures import axis_titles, layout
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,7 @@ def figures(probes) -> list[Figure]:
                                          mode="lines+markers", name=f"{method}, {fit}", line=dict(dash=dash),
                                          marker=dict(size=9), legendgroup=method))
         fig.add_hline(y=0, line=dict(color="#888", width=1))
-        fig.update_xaxes(title_text="layer", dtick=1)
-        fig.update_yaxes(title_text="Pearson r(v·u, model entropy)", range=[-1.05, 1.05])
+        axis_titles(fig, "layer", "Pearson r(v·u, model entropy)", xaxis=dict(dtick=1), yaxis=dict(range=[-1.05, 1.05]))
         out.append(Figure(f"axis-{p.name}", "Entropy axis", layout(
             fig, "Entropy axis: in-sample vs held-out correlation (SULA prompts)"),
             "Held-out (dashed) close to in-sample (solid) means the axis generalises; a large gap means overfitting."))
@@ -145,8 +144,7 @@ def _deconfounded_figure(p) -> Figure:
                                      fill="toself", fillcolor="rgba(150,150,150,0.15)", line=dict(width=0),
                                      name=f"{axis}: within-k null 95%", hoverinfo="skip"))
     fig.add_hline(y=0, line=dict(color="#888", width=1))
-    fig.update_xaxes(title_text="layer", dtick=1)
-    fig.update_yaxes(title_text="Spearman ρ(held-out v·u, Bayes H)", range=[-1.05, 1.05])
+    axis_titles(fig, "layer", "Spearman ρ(held-out v·u, Bayes H)", xaxis=dict(dtick=1), yaxis=dict(range=[-1.05, 1.05]))
     return Figure(f"axis-deconfounded-{p.name}", "Entropy axis: raw vs within k", layout(
         fig, f"Does the {method} axis track uncertainty beyond k? Raw and within-k correlation with Bayes entropy"),
         "A raw curve far from zero whose within-k curve sits inside the grey null tracks k (the number of examples), "

@@ -20,7 +20,7 @@ from ..core.results import Row, find, select
 from .common import check_folds, figure_per_probe
 from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..analyses.belief import belief_rows
-from ..core.figures import error_bars
+from ..core.figures import axis_titles, error_bars
 from ..model.collect import query_readings
 from ..stats import ledger as L
 from ..stats.ledger import beyond_null
@@ -110,8 +110,7 @@ def figures(fig, pr, where):
         g = sorted(select(rs, weights=weights, target=target), key=lambda r: r.scope["layer"])
         fig.add_scatter(x=[r.scope["layer"] for r in g], y=[r.value for r in g], mode="lines+markers",
                         name=f"{weights}: {target}", error_y=error_bars(g))
-    fig.update_xaxes(title_text="layer")
-    fig.update_yaxes(title_text="cross-fitted R²")
+    axis_titles(fig, "layer", "cross-fitted R²")
     return (f"Belief probes on {where}",
             f"Belief probes ({pr.data.get('task')}, resid): the exact posterior against its controls",
             "Grey: the 95% range of the R² of probes fitted to posteriors shuffled across sequences.")

@@ -28,7 +28,7 @@ from .windtunnel import (TunnelParams, load_windtunnel_task, tunnel_plan, tunnel
                          windtunnel_prompts)
 from ..analyses.causal import Training, das_report, model_site
 from ..core.errors import ConfigError
-from ..core.figures import COLOURS, error_bars
+from ..core.figures import COLOURS, axis_titles, error_bars
 from ..core.layers import resolve_layers
 from ..stats import ledger as L
 from ..stats.info import entropy_of_log_probs
@@ -149,8 +149,8 @@ def figures(fig, pr, where):
                         name=f"entropy axes, {name}")
         fig.add_scatter(x=ds, y=[r.null_high for r in rs], mode="lines",
                         line=dict(dash="dot", color=COLOURS["permuted"]), name=f"random 97.5%, {name}")
-    fig.update_xaxes(title_text="subspace dimension d", type="log", tickvals=[1, 2, 4, 8])
-    fig.update_yaxes(title_text="held-out IIA (share of ΔH transferred)")
+    axis_titles(fig, "subspace dimension d", "held-out IIA (share of ΔH transferred)",
+                xaxis=dict(type="log", tickvals=[1, 2, 4, 8]))
     return ("Where the uncertainty is computed (DAS)",
             "Interchange-intervention accuracy of the DAS subspace, the entropy axes and random subspaces",
             "Solid: the DAS subspace's held-out IIA (bootstrap 95%); dashed: the PC1 and ridge entropy axes' span "

@@ -23,7 +23,7 @@ from ..core.plugin import Claim, Figure, Kind, Line, Result
 from .common import check_folds, plan_sula, recipe_nuisances, sula, sula_groups, sula_prompts, sula_request
 from .windtunnel import TunnelParams, tunnel_plan, tunnel_prefix, tunnel_subject, windtunnel_prompts, windtunnel_set
 from ..analyses.decoding import decoding_curve
-from ..core.figures import layout
+from ..core.figures import axis_titles, layout
 from ..stats import ledger as L
 from ..windtunnel.tunnels import open_tunnel
 
@@ -131,8 +131,7 @@ def figures(probes) -> list[Figure]:
                                          mode="lines+markers", line=dict(dash="dash", color="#c0392b"),
                                          name="PC1 axis r² (values)", legendgroup="axis", showlegend=i == j == 1),
                               row=i, col=j)
-        fig.update_xaxes(title_text="layer")
-        fig.update_yaxes(title_text="held-out R²", range=[-0.1, 1.0])
+        axis_titles(fig, "layer", "held-out R²", yaxis=dict(range=[-0.1, 1.0]))
         out.append(Figure(f"decoding-{p.name}", "Decodable uncertainty per layer", layout(
             fig, "How much uncertainty a linear decoder reads at each layer, and how much of it the axis carries",
             height=330 * len(targets) + 80),

@@ -14,7 +14,7 @@ from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from .common import claims_from, pool
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, axis_titles, layout
 from ..core.prompts import load_source, source_label, stratified_sample
 
 
@@ -77,8 +77,8 @@ def figures(probes) -> list[Figure]:
                                  name="bootstrap 95% CI", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=x, y=[r.value for r in per], mode="lines+markers",
                                  name="mean over heads and prompts", line=dict(color=COLOURS["observed"])))
-        fig.update_xaxes(title_text="layer", dtick=max(1, len(x) // 12))
-        fig.update_yaxes(title_text="attention entropy (bits)", rangemode="tozero")
+        axis_titles(fig, "layer", "attention entropy (bits)", xaxis=dict(dtick=max(1, len(x) // 12)),
+                    yaxis=dict(rangemode="tozero"))
         out.append(Figure(f"focusing-{p.name}", "Attention focusing", layout(
             fig, f"Attention focusing: {100 * red.value:.0f}% reduction first→last layer (95% CI "
                  f"{100 * red.low:.0f}%, {100 * red.high:.0f}%)"),

@@ -23,7 +23,7 @@ from ..core.results import Row, select
 from .common import check_folds
 from .windtunnel import TunnelParams, load_windtunnel_task, tunnel_prefix, tunnel_subject
 from ..analyses.gaussian import manifold_curvature, normal_calibration, predictive_calibration
-from ..core.figures import layout
+from ..core.figures import axis_titles, layout
 from ..core.layers import resolve_layers
 from ..stats import ledger as L
 from ..stats.probe import scalar_probes
@@ -203,7 +203,7 @@ def figures(probes) -> list[Figure]:
                                  fill="toself", fillcolor="rgba(150,150,150,0.25)", line=dict(width=0),
                                  name="matched Gaussian null (95%)"), row=1, col=2)
         fig.add_trace(go.Scatter(x=x, y=[r.value for r in gaps], mode="lines+markers", name="states"), row=1, col=2)
-        fig.update_xaxes(title_text="layer")
+        axis_titles(fig, "layer", None)
         out.append(Figure(f"gaussian-{p.name}", "Beliefs about a Gaussian", layout(
             fig, f"Where the posterior is decodable, and whether its states are curved ({p.data.get('task')})"),
             "Left: held-out ridge R² of the exact posterior mean and log spread from the residual stream, raw and "

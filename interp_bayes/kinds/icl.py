@@ -17,7 +17,7 @@ from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from ..core.layers import check_recipe_layers
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, groups_of, manifold_rows, pct, plan_sula, sula
-from ..core.figures import layout, shorten, table
+from ..core.figures import axis_titles, layout, shorten, table
 
 CONDITION_COLOURS = dict(main="#1f4e79", remap="#2e86c1", shuffled="#c0392b", label_masked="#e67e22",
                          carrier_masked="#27ae60")
@@ -162,8 +162,7 @@ def _calibration(p) -> Figure:
         fig.add_trace(go.Scatter(x=[k for k, _ in curve], y=[h for _, h in curve], mode="lines",
                                  name=f"Bayes ({', '.join(names)})",
                                  line=dict(color="black" if i == 0 else "#888", dash="dash", width=2.5)), row=1, col=1)
-    fig.update_xaxes(title_text="k (in-context examples)")
-    fig.update_yaxes(title_text="bits", rangemode="tozero")
+    axis_titles(fig, "k (in-context examples)", "bits", yaxis=dict(rangemode="tozero"))
     return Figure(f"icl-{p.name}", "In-context calibration", layout(
         fig, "In-context learning (SULA): model entropy against the exact posterior", height=430),
         "Solid lines should track their dashed Bayes curve as k grows; controls without evidence should stay flat.")
@@ -185,8 +184,7 @@ def _geometry(p) -> Figure | None:
                                  hovertemplate="%{text}<br>Bayes H %{x:.2f} bits, PC1 %{y:.2f}<extra></extra>"))
     rho = find(p.rows, "spearman_pc1", condition="main", subset="all", target="bayes entropy")
     share = find(p.rows, "pc1_share", condition="main", subset="all")
-    fig.update_xaxes(title_text="exact Bayes entropy (bits)")
-    fig.update_yaxes(title_text="PC1 score (oriented with model entropy)")
+    axis_titles(fig, "exact Bayes entropy (bits)", "PC1 score (oriented with model entropy)")
     return Figure(f"icl-geometry-{p.name}", "In-context value geometry", layout(
         fig, f"SULA value geometry, layer {d['layer']}: PC1 vs Bayes entropy (Spearman {rho.value:+.2f}, PC1 "
              f"{100 * share.value:.0f}% of variance)"),

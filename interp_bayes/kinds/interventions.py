@@ -19,7 +19,7 @@ from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, Params, PlanItem, Result
 from ..core.layers import check_recipe_layers
 from .common import SULA_LAYERS, deconfounded, deconfounded_text, plan_sula, sula, sula_task
-from ..core.figures import layout
+from ..core.figures import axis_titles, layout
 
 if TYPE_CHECKING:  # imported where used: importing the kinds stays free of torch
     from ..analyses.interventions import EditProtocol
@@ -292,8 +292,7 @@ def per_k_figure(p, title_prefix: str = "") -> Figure | None:
                                      marker=dict(symbol=["circle", "square", "diamond", "x"][sets.index(layer_set) % 4]),
                                      line=dict(color=colour, dash="solid" if true else "dot", width=2 if true else 1)))
     fig.add_hline(y=0, line=dict(color="#888", width=1))
-    fig.update_xaxes(title_text="k (in-context examples)")
-    fig.update_yaxes(title_text="Δ entropy MAE vs Bayes (bits)")
+    axis_titles(fig, "k (in-context examples)", "Δ entropy MAE vs Bayes (bits)")
     return Figure(f"interventions-per-k-{p.name}", f"{title_prefix}Intervention effects per k", layout(
         fig, f"{title_prefix}Change in calibration per k (solid: true axis; dotted: its matched controls' mean)"),
         "Where an edit hurts: a solid curve above its dotted controls' curve at some k means the axis matters there. "

@@ -12,7 +12,7 @@ import numpy as np
 from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, axis_titles, layout
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,7 @@ def figures(probes) -> list[Figure]:
         fig.add_hrect(y0=null.low, y1=null.high, fillcolor="rgba(192,57,43,0.08)", line_width=0)
         fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[null.value] * 2, mode="lines",
                                  line=dict(color=COLOURS["true"], dash="dash"), name="Gaussian W_K null (95% range)"))
-        fig.update_xaxes(title_text="layer", dtick=max(1, len(layers) // 12))
-        fig.update_yaxes(title_text="mean |cos| of key columns")
+        axis_titles(fig, "layer", "mean |cos| of key columns", xaxis=dict(dtick=max(1, len(layers) // 12)))
         out.append(Figure(f"keys-{p.name}", "Key orthogonality", layout(
             fig, f"Key orthogonality per layer (10-90% of heads: {heads.low:.3f}-{heads.high:.3f})"),
             "Points well below the red dashed null mean keys more orthogonal than random weights of the same shape."))

@@ -15,7 +15,7 @@ from ..core.results import Row, find, select
 from ..core.plugin import Claim, Figure, Kind, Line, Params, Result
 from .common import deconfounded, deconfounded_text, groups_of, last_layer, manifold_rows, pool, share_text
 from ..core.registry import register
-from ..core.figures import COLOURS, error_bars, layout, shorten, table
+from ..core.figures import COLOURS, axis_titles, error_bars, layout, shorten, table
 from ..core.prompts import load_source, source_label, stratified_sample
 
 DOMAIN_LABELS = {None: "mixed", "mathematics": "math"}
@@ -137,8 +137,7 @@ def _scatter(probes) -> Figure | None:
             marker=dict(color=h, cmin=hmin, cmax=hmax, colorscale="Viridis", size=9, line=dict(width=0.5,
                         color="white"), colorbar=dict(title="entropy (bits)") if i == len(panels) else None)),
             row=1, col=i)
-        fig.update_xaxes(title_text="PC1 (oriented with entropy)", row=1, col=i)
-        fig.update_yaxes(title_text="PC2" if i == 1 else None, row=1, col=i)
+        axis_titles(fig, "PC1 (oriented with entropy)", "PC2" if i == 1 else None, row=1, col=i)
     return Figure("manifold", "Value manifold", layout(fig, "Last-layer values: PC1 vs PC2, coloured by next-token "
                                                             "entropy"),
                   "Look for a low-dimensional shape with a smooth colour gradient along PC1: entropy laid out on one "
@@ -178,7 +177,7 @@ def _shares(probes) -> Figure | None:
                       row=1, col=2)
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
     if per_layer:
-        fig.update_xaxes(title_text="layer", row=1, col=2)
+        axis_titles(fig, "layer", None, row=1, col=2)
     return Figure("shares", "PC shares vs nulls", layout(fig, "Variance on PC1 against empirical nulls", barmode="group"),
                   "Dark bars far above both grey null bars mean real low-dimensional structure; bars at null height "
                   "mean none." + (" Right: the same share at every collected layer, with the permuted null's upper "

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..analyses.manifold_move import OPS, kalman_move
-from ..core.figures import error_bars
+from ..core.figures import axis_titles, error_bars
 from ..core.plugin import Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
@@ -62,8 +62,8 @@ def figures(fig, pr, where):
         rs = sorted(select(pr.rows, "spread_change", op=op), key=lambda r: r.scope["layer"])
         fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.value for r in rs], mode="lines+markers", name=op,
                         error_y=error_bars(rs))
-    fig.update_xaxes(title_text="block whose output is moved", type="category")
-    fig.update_yaxes(title_text="predicted ln sd change towards the target")
+    axis_titles(fig, "block whose output is moved", "predicted ln sd change towards the target",
+                xaxis=dict(type="category"))
     return (f"Manifold move in {where}", "A move to another sequence's state against linear and random steps",
             "Bootstrap 95% intervals over sequences; random: the 95% range over its draws.")
 

@@ -18,7 +18,7 @@ from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from .common import sula_task
 from .windtunnel import TunnelParams, load_windtunnel_task, tunnel_subject
 from ..analyses.martingale import bijection_contexts, bijection_setup, martingale_test, sula_contexts, sula_setup
-from ..core.figures import COLOURS, error_bars, layout
+from ..core.figures import COLOURS, axis_titles, error_bars, layout
 from ..stats import ledger as L
 from ..windtunnel.tunnels import is_tunnel, open_tunnel
 
@@ -105,7 +105,7 @@ def figures(probes) -> list[Figure]:
             fig.add_trace(go.Scatter(x=k, y=[r.value for r in rs], mode="lines+markers", name="model",
                                      showlegend=col == 1, line=dict(color=COLOURS["observed"]),
                                      error_y=error_bars(rs)), row=1, col=col)
-        fig.update_xaxes(title_text="k (examples in context)")
+        axis_titles(fig, "k (examples in context)", None)
         out.append(Figure(f"martingale-{p.name}", "Martingale test", layout(
             fig, f"Is the in-context learning Bayesian? ({p.data.get('task')})"),
             "A Bayesian predictor sits in the grey band: for the gap, where the model's own plug-in gap would sit if "
@@ -136,8 +136,7 @@ def expectation_figure(p) -> Figure:
     exact = sorted(select(p.rows, "exact_martingale_gap_debiased_bits"), key=lambda r: r.scope["k"])
     fig.add_trace(go.Scatter(x=[r.scope["k"] for r in exact], y=[r.value for r in exact], mode="markers",
                              name="exact predictor", marker=dict(color=COLOURS["true"], symbol="x")))
-    fig.update_xaxes(title_text="k (examples in context)", type="log")
-    fig.update_yaxes(title_text="debiased martingale gap (bits)")
+    axis_titles(fig, "k (examples in context)", "debiased martingale gap (bits)", xaxis=dict(type="log"))
     orders = select(p.rows, "averaged_martingale_gap_debiased_bits")[0].scope.get("orders")
     return Figure(f"martingale-expectation-{p.name}", "Bayes in expectation", layout(
         fig, f"Martingale gap per order and averaged over {orders} orderings ({p.data.get('task')})"),

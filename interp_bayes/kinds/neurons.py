@@ -34,7 +34,7 @@ from ..analyses.axis import fit_entropy_axis
 from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
 from ..analyses.neurons import AblationProtocol, entropy_neurons
 from ..analyses.unembedding import frequency_neurons, unembedding_null_space, unigram_counts
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, axis_titles, layout
 from ..core.prompts import load_source
 from ..stats import ledger as L
 from ..stats.confounds import deconfounded_rows
@@ -201,10 +201,9 @@ def figures(probes) -> list[Figure]:
                                     marker=dict(size=11, color=COLOURS["true"], symbol="diamond"),
                                     text=[str(i) for i in sorted(cand)],
                                     hovertemplate="neuron %{text}<extra></extra>")])
-        fig.update_xaxes(title_text="|w_out|" if d.get("write", "W_out") == "W_out" else
-                         "|write| per unit of activation (measured through the post-MLP norm)")
-        # short enough for the plot's height (the long form was clipped); the definition is in the caption
-        fig.update_yaxes(title_text="rho = |V0ᵀw| / |w|")
+        # the y title short enough for the plot's height (the long form was clipped); the definition is in the caption
+        axis_titles(fig, "|w_out|" if d.get("write", "W_out") == "W_out" else
+                    "|write| per unit of activation (measured through the post-MLP norm)", "rho = |V0ᵀw| / |w|")
         out.append(Figure(f"entropy-neurons-{p.name}", "Entropy neurons", layout(
             fig, f"Last-layer neurons: output norm against null-space fraction (null space of {d['null_dim']} "
                  "dimensions)"),

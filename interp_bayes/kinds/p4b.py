@@ -22,7 +22,7 @@ from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..analyses import p4b as P
 from ..analyses.p4b import AUTHORS, answer, best_layer, cut_verdicts, decoding_verdict
 from ..analyses.subspaces import ablation_costs, every_position, fit_subspaces, sequence_losses, top_rows
-from ..core.figures import COLOURS, error_bars
+from ..core.figures import COLOURS, axis_titles, error_bars
 from ..model.edits import intervene
 from ..stats import as_float64, info
 from ..windtunnel.discrete import restricted_log_probs
@@ -126,9 +126,9 @@ def figures(fig, pr, where):
                         name=f"cut {sub}", error_y=error_bars(rs), row=1, col=2)
         fig.add_scatter(x=[r.scope["layer"] for r in rs], y=[r.null_high for r in rs], mode="lines",
                         line=dict(dash="dot", color=COLOURS["permuted"]), showlegend=False, row=1, col=2)
-    fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
-    fig.update_yaxes(title_text="R²", row=1, col=1)
-    fig.update_yaxes(title_text="bits over the unedited model", row=1, col=2)
+    axis_titles(fig, "reading (embedding output, then after each block)", None, xaxis=dict(type="category"))
+    for col, y in enumerate(("R²", "bits over the unedited model"), 1):
+        axis_titles(fig, None, y, row=1, col=col)
     return (f"P4b on {where}: decodable, and inert?",
             "The entropy decoded per reading, and what cutting each axis or frame costs",
             "Left: held-out R² of the exact entropy (and of the position), raw, beyond position and within position. "

@@ -21,7 +21,7 @@ from ..stats.ledger import fmt, interval_side
 from ..windtunnel.recall import evaluate_recall
 from ..windtunnel.tunnels import open_tunnel, saved_checkpoints
 from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
-from ..core.figures import error_bars, layout
+from ..core.figures import axis_titles, error_bars, layout
 
 BINDS = 0.5  # a binding head gives the queried key's value most of its attention on the stored values
 
@@ -119,8 +119,7 @@ def figures(probes) -> list[Figure]:
                         name="recall accuracy", line=dict(color="black", width=3))
         N = recall[-1].scope["n_pairs"]
         fig.add_hline(y=1 / N, line=dict(dash="dot", color="grey"), annotation_text=f"1/N = {1 / N:.3g}")
-        fig.update_xaxes(title_text="training step")
-        fig.update_yaxes(title_text="attention share / recall", range=[0, 1.02])
+        axis_titles(fig, "training step", "attention share / recall", yaxis=dict(range=[0, 1.02]))
         where = tunnel_subject(pr.params_object())
         out.append(Figure(f"recall-circuit-{pr.name}", f"The recall circuit of {where}", layout(
             fig, "Value share (solid) and key look-back (dotted) per head over training, beside the recall"),

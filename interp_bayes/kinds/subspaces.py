@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from ..analyses.subspaces import OPS, subspace_rows
 from ..core.errors import ConfigError
-from ..core.figures import COLOURS, error_bars
+from ..core.figures import COLOURS, axis_titles, error_bars
 from ..core.plugin import Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
@@ -81,8 +81,7 @@ def figures(fig, pr, where):
         fig.add_scatter(x=x, y=[r.value for r in rs], mode="markers", name=op, error_y=error_bars(rs))
         fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="markers", name=f"{op}: matched top",
                         marker=dict(symbol="line-ew-open", size=14, color=COLOURS["permuted"]))
-    fig.update_xaxes(title_text="layer and subspace", type="category")
-    fig.update_yaxes(title_text="KL cost over the unedited model (bits)")
+    axis_titles(fig, "layer and subspace", "KL cost over the unedited model (bits)", xaxis=dict(type="category"))
     return (f"Subspace edits in {where}", "The cost of cutting / keeping only each subspace",
             "Paired bootstrap 95% intervals over sequences; dashes: the top of the variance-matched controls' range.")
 

@@ -21,7 +21,7 @@ from .common import check_folds, figure_per_probe
 from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
 from ..analyses import p4b as P
 from ..analyses.p4b import decoding_verdict
-from ..core.figures import COLOURS, error_bars
+from ..core.figures import COLOURS, axis_titles, error_bars
 from ..stats import info
 from ..windtunnel.tunnels import open_tunnel
 
@@ -94,8 +94,8 @@ def figures(fig, pr, where):
         fig.add_scatter(x=x, y=[r.value for r in rs], mode="lines+markers", name=test, error_y=error_bars(rs))
         fig.add_scatter(x=x, y=[r.null_high for r in rs], mode="lines", showlegend=False,
                         line=dict(dash="dot", color=COLOURS["permuted"]))
-    fig.update_xaxes(title_text="reading (embedding output, then after each block)", type="category")
-    fig.update_yaxes(title_text="held-out R² of the exact entropy")
+    axis_titles(fig, "reading (embedding output, then after each block)", "held-out R² of the exact entropy",
+                xaxis=dict(type="category"))
     return (f"Geometry of {where}", "The exact entropy decoded per reading, raw and within position",
             "Bootstrap 95% intervals; dotted: the top of each test's shuffled null.")
 

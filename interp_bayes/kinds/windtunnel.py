@@ -26,7 +26,7 @@ from ..analyses.interventions import EditProtocol
 from ..analyses.keys import key_orthogonality
 from ..analyses.manifold import manifold_report
 from ..core.errors import ConfigError
-from ..core.figures import COLOURS, layout
+from ..core.figures import COLOURS, axis_titles, layout
 from ..core.layers import layer_index, resolve_layers
 from .manifold import DOMINANT
 from ..model.hooks import reading_hook
@@ -276,8 +276,7 @@ def _calibration(p) -> Figure:
                   row=1, col=1)
     fig.add_trace(go.Scatter(x=ks, y=mae, mode="lines+markers", name="|H model - H Bayes|",
                              line=dict(color=COLOURS["true"])), row=1, col=2)
-    fig.update_xaxes(title_text="query position k")
-    fig.update_yaxes(title_text="bits", rangemode="tozero")
+    axis_titles(fig, "query position k", "bits", yaxis=dict(rangemode="tozero"))
     return Figure(f"windtunnel-calibration-{p.name}", f"Wind tunnel {p.data.get('checkpoint')}: calibration",
                   layout(fig, f"Wind tunnel ({p.data.get('task')}): model entropy against the exact posterior"),
                   "The model's curve should lie on the dashed exact curve; the right panel shows the error per position.")
@@ -293,8 +292,7 @@ def _geometry(p) -> Figure | None:
                                marker=dict(color=d["k"], colorscale="Viridis", size=7,
                                            colorbar=dict(title="position k")),
                                hovertemplate="Bayes H %{x:.2f} bits, PC1 %{y:.2f}<extra></extra>"))
-    fig.update_xaxes(title_text="exact Bayes entropy (bits)")
-    fig.update_yaxes(title_text="last-layer PC1 score")
+    axis_titles(fig, "exact Bayes entropy (bits)", "last-layer PC1 score")
     return Figure(f"windtunnel-geometry-{p.name}", f"Wind tunnel {d.get('checkpoint')}: value geometry", layout(
         fig, "Last-layer PC1 against the exact entropy, coloured by query position"),
         "Where the exact entropy is a function of position alone (the bijection without replacement), a smooth "

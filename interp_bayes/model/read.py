@@ -15,6 +15,7 @@ continuous features, entering as soft tokens through ``continuous_inputs``).
 
 from __future__ import annotations
 
+# plotly is imported inside ``Activations.figure``, the one method that draws: reading and caching activations never do
 import hashlib
 import html
 import json
@@ -25,14 +26,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import safetensors.torch
 import torch
 from torch import nn
 
 from ..core.errors import NonFiniteActivationError, PromptError
 from ..core.layers import layer_index
-from ..core.store import MANIFEST, read_json, seal, unseal
+from ..core.progress import progress_bar
+from ..core.store import MANIFEST, atomic_write_bytes, atomic_write_text, read_json, seal, unseal
 from ..core.stop import check_stop
 from ..stats.info import entropy, entropy_of_log_probs
+from ..stats.pca import pca
 from .hooks import act_name, module_input, reading_hook
 from .loading import checkpoint_tokenizer, model_info, tokenizer_policy
 
@@ -135,8 +139,6 @@ class Activations:
         """Plotly scatter of PC1 vs PC2 of the standardised values at ``layer``, coloured by entropy (bits)."""
         import plotly.graph_objects as go
 
-        from ..stats.pca import pca
-
         ratios, _, scores = pca(self.values(layer))
         texts = self.meta.get("texts") or [f"prompt {i}" for i in range(len(self))]
         marker = {} if self.entropy is None else dict(color=self.entropy.numpy(), colorscale="Viridis",
@@ -157,10 +159,6 @@ class Activations:
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/activations.safetensors`` and ``path/activations.json`` (atomically)."""
-        import safetensors.torch
-
-        from ..core.store import atomic_write_bytes, atomic_write_text
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / MANIFEST).unlink(missing_ok=True)  # an overwritten set is incomplete until sealed again
@@ -187,11 +185,9 @@ class Activations:
     def load(cls, path: str | Path) -> "Activations":
         """Read a saved set back after checking every file against the digests ``save`` recorded (CacheError when
         one is missing, truncated or changed)."""
-        from safetensors.torch import load
-
         path = Path(path)
         unseal(path, MANIFEST)
-        tensors = load((path / "activations.safetensors").read_bytes())
+        tensors = safetensors.torch.load((path / "activations.safetensors").read_bytes())
         meta = read_json(path / "activations.json")
         lengths = tensors.pop("token_lengths").tolist()
         flat = tensors.pop("token_ids").tolist()
@@ -489,8 +485,6 @@ def read(
     ``stop_at_layer``; the toolkit's own LSTM / MLP tunnels, which have none, run on and unembed the final position
     only), so the readings are those of a whole forward, bit for bit.
     """
-    from ..core.progress import progress_bar
-
     if at not in AT:
         raise ValueError(f"Unknown read position {at!r}; choose from {', '.join(AT)}.")
     n_layers = model.cfg.n_layers

@@ -6,10 +6,13 @@ a full-size model silently, so ``make_tiny_model`` checks the parameter count ag
 
 from __future__ import annotations
 
+# transformers and tokenizers are imported inside the builders: the recipes and the float32 bounds below serve tests
+# that build no model
 import math
 from pathlib import Path
 
 import torch
+import yaml
 
 from ..core.errors import ConfigError
 from .numerics import IEEE, ONEDNN, onednn_rounds_to_bf16
@@ -130,8 +133,6 @@ TOY_PROBES = {
 def write_toy_recipes(folder: str | Path, scale: int = 1) -> list[str]:
     """Write ``TOY_PROBES`` as YAML recipes into ``folder`` and return their paths (in order). ``scale`` multiplies
     the manifold probe's resampling counts, to make a cell longer."""
-    import yaml
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 # modules, most of which draw nothing
 import numpy as np
 
-from ..core.figures import layout
+from ..core.figures import axis_titles, layout
 from ..core.plugin import Figure
 from ..core.results import find, select
 
@@ -30,8 +30,7 @@ DEPTH = "relative depth (layer / last layer)"
 
 def _overlay(fig, fid: str, title: str, heading: str, x_title: str, y_title: str, caption: str) -> Figure:
     """A cross-model overlay in the house style, its y axis from zero."""
-    fig.update_xaxes(title_text=x_title)
-    fig.update_yaxes(title_text=y_title, rangemode="tozero")
+    axis_titles(fig, x_title, y_title, yaxis=dict(rangemode="tozero"))
     return Figure(fid, title, layout(fig, heading), caption)
 
 

@@ -175,7 +175,7 @@ def scaling_figures(cells: list[CellView]) -> list:
     import plotly.graph_objects as go
     from plotly.colors import qualitative
 
-    from ..core.figures import layout
+    from ..core.figures import axis_titles, layout
 
     out = []
     for h, label in columns(cells):
@@ -198,8 +198,7 @@ def scaling_figures(cells: list[CellView]) -> list:
                 null_legend = null_legend and not any(t.name == "null 95% range" for t in traces)
                 fig.add_traces(traces)
             unit = found[0][1].unit
-            fig.update_xaxes(title_text=xlabel, type="log")
-            fig.update_yaxes(title_text=f"{label} [{unit}]" if unit else label)
+            axis_titles(fig, xlabel, f"{label} [{unit}]" if unit else label, xaxis=dict(type="log"))
             slug = re.sub(r"[^a-z0-9]+", "-", f"{h.key}-{label}-{tag}".lower()).strip("-")
             where = " at the probe's last layer" if "layer" in found[0][1].scope else ""
             out.append(Figure(f"grid-{slug}", f"{label} vs {xlabel}", layout(fig, f"{label} against {xlabel}"),

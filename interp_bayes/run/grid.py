@@ -16,8 +16,9 @@ finished). Either way the driver shows one bar of cells, every cell appends its 
 
 from __future__ import annotations
 
-# the sweep and the loader (torch, ~2 s), pandas, Ray and the report's views are imported inside the functions that
-# run cells or build a page or a table: ``interp-bayes grid --help`` and reading a grid file load none of them
+# the sweep, its config and the loader (all three import torch, ~2 s), pandas, Ray and the report's views are imported
+# inside the functions that read a grid, run cells or build a page or a table: ``interp-bayes grid --help`` loads none
+# of them
 import argparse
 import contextlib
 import html

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from interp_bayes.core.plugin import Figure
 from interp_bayes.core.registry import get_kind
-from interp_bayes.core.figures import layout
+from interp_bayes.core.figures import axis_titles, layout
 from interp_bayes.report.html import unique_titles
 from interp_bayes.report.view import ProbeView, RunView
 from interp_bayes.core.results import Row
@@ -51,6 +51,28 @@ def test_decoding_legend_matches_every_panel(tmp_path):
     for name in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
         axis = fig.content.layout[name]
         assert axis.tickmode == "linear" and axis.dtick == 1 and axis.tick0 == 0
+
+
+def test_axis_titles_is_the_plotly_calls_it_stands_for():
+    """The kinds' axis titles (``core.figures.axis_titles``) give the figure the two ``update_*axes`` calls would, byte
+    for byte: every panel or one, other properties beside the title, None leaving an axis as it was."""
+    def two_panels():
+        fig = make_subplots(rows=1, cols=2)
+        fig.add_scatter(x=[0, 1], y=[1, 2], row=1, col=1)
+        fig.add_scatter(x=[0, 1], y=[3, 4], row=1, col=2)
+        fig.update_yaxes(title_text="kept")
+        return fig
+
+    plain, helped = two_panels(), two_panels()
+    plain.update_xaxes(title_text="layer", type="category")
+    plain.update_yaxes(title_text="bits", range=[0, 1], row=1, col=2)
+    plain.update_xaxes(title_text="k", row=1, col=1)
+    axis_titles(helped, "layer", None, xaxis=dict(type="category"))
+    axis_titles(helped, None, "bits", yaxis=dict(range=[0, 1]), row=1, col=2)
+    axis_titles(helped, "k", None, row=1, col=1)
+    assert helped.to_json() == plain.to_json()
+    assert (helped.layout.yaxis.title.text, helped.layout.yaxis2.title.text) == ("kept", "bits")
+    assert (helped.layout.xaxis.title.text, helped.layout.xaxis2.title.text) == ("k", "layer")
 
 
 def test_layer_ticks_and_empty_panels_in_the_house_layout():
