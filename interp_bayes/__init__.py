@@ -8,42 +8,48 @@ a report, a table or a prompt set needs them.
 
 from importlib import import_module
 
-_EXPORTS = {  # what a notebook needs (README.md, docs/ and examples/ use these); the rest by module path
+_EXPORTS = {  # what a notebook needs (README.md, docs/ and examples/ use these), by step; the rest by module path
+    # load a model or a wind tunnel, and read it
+    "windtunnel.tunnels": ["Tunnel", "load_model", "open_tunnel"],  # load_model: an LLM or a tunnel of any arch
+    "model.loading": ["checkpoint_tokenizer", "list_models", "model_info"],
+    "model.read": ["Activations", "read"],
+    "model.collect": ["collect"],
+    "model.numerics": ["float32_mode"],
+    "model.native": ["run_native_when_unobserved"],
+    # edit it
+    "model.edits": ["AxisCut", "AxisOnly", "AxisSet", "AxisShift", "SubspaceCut", "SubspaceOnly", "intervene"],
+    "analyses.interventions": ["EditProtocol", "run_interventions", "summarize"],
+    "analyses.neurons": ["AblationProtocol", "entropy_neurons"],
+    # ask it a question
     "analyses.axis": ["fit_entropy_axis"],
     "analyses.decoding": ["decoding_curve"],
     "analyses.focusing": ["attention_focusing"],
     "analyses.gaussian": ["manifold_curvature"],
-    "analyses.interventions": ["EditProtocol", "run_interventions", "summarize"],
     "analyses.keys": ["key_orthogonality"],
     "analyses.manifold": ["manifold_report"],
     "analyses.martingale": ["martingale_test"],
-    "analyses.neurons": ["AblationProtocol", "entropy_neurons"],
     "analyses.unembedding": ["unembedding_null_space"],
-    "core.errors": ["InterpBayesError"],
-    "core.prompts": ["builtin_prompt_sets", "load_hf_prompts", "load_prompts", "stratified_sample"],
-    "model.collect": ["collect"],
-    "model.edits": ["AxisCut", "AxisOnly", "AxisSet", "AxisShift", "SubspaceCut", "SubspaceOnly", "intervene"],
-    "model.loading": ["checkpoint_tokenizer", "list_models", "model_info"],
-    "model.native": ["run_native_when_unobserved"],
-    "model.numerics": ["float32_mode"],
-    "model.read": ["Activations", "read"],
-    "report.html": ["build_report"],
-    "run.config": ["SweepConfig"],
-    "run.grid": ["Grid", "run_grid"],
-    "run.sweep": ["plan_sweep", "run_sweep"],
+    # statistics on the readings
     "stats.calibration": ["compare_to_bayes"],
     "stats.deconfound": ["deconfounded_correlation"],
     "stats.pca": ["participation_ratio", "pca"],
     "stats.probe": ["belief_probe"],
+    # tasks with exact posteriors, and the wind tunnels trained on them
     "tasks.bijection": ["BijectionTask"],
     "tasks.gaussian": ["GaussianTask", "gaussian_posterior_summary"],
     "tasks.hmm": ["HMMTask"],
     "tasks.icl": ["SULATask"],
     "tasks.kalman": ["KalmanTask"],
+    "windtunnel.train": ["train_windtunnel"],
     "windtunnel.evaluate": ["evaluate_windtunnel"],
     "windtunnel.kalman": ["evaluate_kalman", "kalman_readings"],
-    "windtunnel.train": ["train_windtunnel"],
-    "windtunnel.tunnels": ["Tunnel", "load_model", "open_tunnel"],  # load_model: an LLM or a tunnel of any arch
+    # prompts, sweeps, grids and the report
+    "core.prompts": ["builtin_prompt_sets", "load_hf_prompts", "load_prompts", "stratified_sample"],
+    "core.errors": ["InterpBayesError"],
+    "run.config": ["SweepConfig"],
+    "run.sweep": ["plan_sweep", "run_sweep"],
+    "run.grid": ["Grid", "run_grid"],
+    "report.html": ["build_report"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
