@@ -83,6 +83,19 @@ def ledger_table(claims: list, model: str) -> str:
     return "".join(out) + "</tbody></table>"
 
 
+def ledger_markdown(claims: list, model: str) -> str:
+    """The ledger as a markdown table (``interp-bayes results RUN --format markdown``): claim, subject, verdict with
+    its symbol, decisive number."""
+    if not claims:
+        return "No finished probe tests a claim of the papers yet."
+    out = ["| claim | about | verdict | decisive number (interval; null) |", "|---|---|---|---|"]
+    for c in claims:
+        cells = (f"{c.claim}{' (rival)' if c.rival else ''}", c.subject or model,
+                 f"{STYLE.get(c.verdict, STYLE[UNTESTABLE])[0]} {c.verdict}", c.evidence)
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(out)
+
+
 def ledger_lines(claims: list, model: str, width: int = 118) -> list[str]:
     """The ledger for a terminal: the model's claims one line each (symbol, verdict, claim, number), then one line
     per wind tunnel counting its verdicts."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..core.results import records
+from .ledger import collect, ledger_markdown
 from .view import subject_of
 
 # Paper III v1 numbers, as printed (Table 1 bootstrap means; Table 2; §5.1 Spearman; §5.2 SULA MAE).
@@ -39,10 +40,11 @@ def _cell(x) -> str:
 
 
 def markdown_results(run) -> str:
-    """What ``interp-bayes results RUN --format markdown`` prints: per finished probe of ``run`` (a
-    ``report.view.RunView``), its summary lines (``markdown_summary``), then one table per metric of its rows
-    (``core.results.records``: scope keys as columns; columns empty in every row left out)."""
-    out = [f"# {run.name}: {run.folder.name}"]
+    """What ``interp-bayes results RUN --format markdown`` prints: the claims ledger (``ledger.ledger_markdown``),
+    then per finished probe of ``run`` (a ``report.view.RunView``), its summary lines (``markdown_summary``), then one
+    table per metric of its rows (``core.results.records``: scope keys as columns; columns empty in every row left
+    out)."""
+    out = [f"# {run.name}: {run.folder.name}", "\n## Claims ledger\n", ledger_markdown(collect(run), run.name)]
     for p in run.probes():
         kind, where = p.kind_object(), subject_of(p)
         out.append(f"\n## {p.name} (kind {p.kind}{', on ' + where if where else ''})\n")

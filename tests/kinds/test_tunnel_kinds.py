@@ -159,6 +159,7 @@ def test_the_tunnel_kinds_run_through_the_sweep_and_print_as_markdown(tmp_path, 
     assert cli.main(["results", str(run.folder), "--format", "markdown"]) == 0
     text = capsys.readouterr().out
     assert "## p4b (kind p4b, on bijection-cpu-mlp)" in text and "bijection-cpu-mlp: P4b answer" in text
+    assert all(f"| {c.claim}{' (rival)' * c.rival} | {c.subject} |" in text for c in claims)  # the ledger, first
     assert "`cut_kl_bits`" in text and "`cluster_alignment`" in text and "## bel (kind belief, on hmm-cpu)" in text
     header = next(line for line in text.splitlines() if line.startswith("| target | layer | test | value"))
     assert "subspace" not in header  # a metric's table keeps only its own columns

@@ -168,3 +168,19 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
               sections: document.querySelectorAll('section.fig').length})); else setTimeout(check, 100); })(); })""")
     drawn = json.loads(drawn)
     assert drawn["sections"] == len(FIGURES) and drawn["ok"] and drawn["n"] == len(FIGURES) - 2  # 2: prompt tables
+
+
+def test_the_ledger_as_markdown_names_each_claim_its_subject_and_verdict():
+    """``results --format markdown`` opens with the claims ledger: one row per claim, the run's model where a claim
+    has no subject, the verdict with its symbol, and a pipe in a number escaped so that the table keeps its columns."""
+    from interp_bayes.core.plugin import Claim
+    from interp_bayes.report.ledger import ledger_markdown
+    from interp_bayes.stats.ledger import FAILS, HOLDS
+
+    claims = [Claim("readout", "The axis is a readout", HOLDS, "-0.003 [-0.01, 0.005]"),
+              Claim("wt-pc1-bayes", "PC1 tracks the posterior", FAILS, "0.1 | 0.2", subject="hmm-cpu", rival=True)]
+    lines = ledger_markdown(claims, "smollm2-135m").splitlines()
+    assert lines[2] == "| The axis is a readout | smollm2-135m | ✔ holds | -0.003 [-0.01, 0.005] |"
+    assert lines[3] == "| PC1 tracks the posterior (rival) | hmm-cpu | ✘ does not hold | 0.1 \\| 0.2 |"
+    assert all(line.count(" | ") == 3 for line in lines[2:])  # escaped pipes are not column breaks
+    assert "No finished probe" in ledger_markdown([], "m")
