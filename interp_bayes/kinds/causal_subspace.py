@@ -190,7 +190,7 @@ def ledger(probes) -> list:
         axes = next(iter(select(pr.rows, "iia_axes", **at)), None)
         loc = f"L{at['layer']} {at['reading']}, d = {at['d']}, {at['target']} target"
         out.append(Claim("causal-subspace", "A low-dimensional subspace controls the model's uncertainty (IIA beyond "
-                         "random subspaces)", L.at_least(verdict, best.low, IIA_CONTROLS),
+                         "random subspaces)", L.at_least(verdict, best, IIA_CONTROLS),
                          f"{L.fmt(best)} ({loc}; {len(survive)} of {len(cells)} cells survive Holm); entropy axes "
                          f"{axes.value:.3g}" if axes is not None else L.fmt(best), subject=where, rival=True,
                          section=section))

@@ -160,17 +160,17 @@ AXIS_SHARE = (0.5, 0.25)  # the PC1 axis carries "most" (holds) or "a good part"
 def decodable_claim(rows: list[Row]):
     """(verdict, the best row or None, evidence) of "model entropy is decodable beyond the confounds": one decision
     over every layer and reading (``analyses.decoding.best_of``: the largest deconfounded R² against the largest of
-    the shuffled targets', family-wise at the level), the R²'s interval clearing 0 (``ledger.decodable``) and at
-    least ``DECODABLE_R2`` for "holds". The best row is returned (its location named) only when it survives.
-    Without a finite R² anywhere, the first cell's verdict (e.g. "inseparable"); None without any decoding row or
-    without the family's row (a run from before it existed)."""
+    the shuffled targets', family-wise at the level), the R²'s interval clearing 0 (``ledger.decodable``) and its
+    low end at least ``DECODABLE_R2`` for "holds" (``ledger.at_least``). The best row is returned (its location
+    named) only when it survives. Without a finite R² anywhere, the first cell's verdict (e.g. "inseparable"); None
+    without any decoding row or without the family's row (a run from before it existed)."""
     best = next(iter(select(rows, "decoding_r2_best", target="model entropy", adjust="deconfounded")), None)
     if best is None:  # no finite R² at any cell (its reason: inseparable or untestable), or a run from before
         every = select(rows, "decoding_r2", target="model entropy", adjust="deconfounded")
         if not every or any(np.isfinite(r.value) for r in every):
             return None
         return L.decodable(every[0]), None, L.fmt(every[0])
-    verdict = L.at_least(L.decodable(best), best.value, DECODABLE_R2)
+    verdict = L.at_least(L.decodable(best), best, DECODABLE_R2)
     return verdict, best if verdict in (L.HOLDS, L.WEAK) else None, L.fmt(best)
 
 

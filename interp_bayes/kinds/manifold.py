@@ -209,7 +209,7 @@ def figures(probes) -> list[Figure]:
     return [f for f in (_scatter(probes), _shares(probes), _examples(probes)) if f is not None]
 
 
-DOMINANT = 1 / 3  # a "dominant" PC1 carries at least a third of the variance (the papers' smallest: 36.6%)
+DOMINANT = 1 / 3  # a "dominant" PC1: its interval's low end at a third of the variance (the papers' smallest: 36.6%)
 
 
 def ledger(probes) -> list:
@@ -228,7 +228,7 @@ def ledger(probes) -> list:
     pc1 = find(base.rows, "pc1_share", **at)
     known = name in DOMAIN_LABELS.values()
     out = [Claim("dominant-axis", f"One dominant value axis (PC1 share, {name} prompts, L{at['layer']})",
-                 L.at_least(L.beyond_null(pc1), pc1.value if pc1 else None, DOMINANT), L.fmt(pc1, pct=True),
+                 L.at_least(L.beyond_null(pc1), pc1, DOMINANT), L.fmt(pc1, pct=True),
                  paper=f"{name} PC1" if known else "", section="fig-shares")]
     raw = find(base.rows, "corr_pc1", target="entropy", deconfounded="raw", **at)
     text, claim = deconfounded_text(base.rows, "corr_pc1", target="entropy", **at)

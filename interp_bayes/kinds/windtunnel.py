@@ -328,7 +328,7 @@ def ledger(probes) -> list:
                          subject=tunnel, paper="Paper I: ~0.001 bits", section=f"fig-windtunnel-calibration-{p.name}"))
         pc1 = find(p.rows, "pc1_share", **at)
         out.append(Claim("dominant-axis", f"One dominant value axis (PC1 share, L{at['layer']})",
-                         L.at_least(L.beyond_null(pc1), pc1.value, DOMINANT), L.fmt(pc1, pct=True), subject=tunnel,
+                         L.at_least(L.beyond_null(pc1), pc1, DOMINANT), L.fmt(pc1, pct=True), subject=tunnel,
                          section=f"fig-windtunnel-geometry-{p.name}"))
         text, claim = deconfounded_text(p.rows, "corr_pc1", target="bayes entropy", **at)
         if text:

@@ -149,10 +149,13 @@ def interval_side(row: Row | None, side: str = "above", at: float = 0.0) -> str:
     return HOLDS if _finite(edge) and sign * (edge - at) > 0 else WEAK
 
 
-def at_least(verdict: str, value: float | None, threshold: float) -> str:
-    """``verdict`` kept when ``value`` reaches ``threshold``, else a ``holds`` demoted to ``holds weakly`` (a
-    claim of size, such as a *dominant* axis, on a number that clears its null but is small)."""
-    if verdict == HOLDS and not (_finite(value) and value >= threshold):
+def at_least(verdict: str, row: Row | None, threshold: float) -> str:
+    """``verdict`` kept when ``row``'s interval reaches ``threshold`` (its low end does), else a ``holds`` demoted to
+    ``holds weakly``: a claim of size (a *dominant* axis, a decodable R², a subspace that controls) on a number that
+    clears its null but may be small. The low end, not the point: a point near the threshold lands on either side of
+    it with the seed of the draws. A row without a finite low end (no interval) cannot show its size: "holds
+    weakly"."""
+    if verdict == HOLDS and not (row is not None and _finite(row.low) and row.low >= threshold):
         return WEAK
     return verdict
 
