@@ -144,7 +144,7 @@ class Result:
 @dataclass
 class Line:
     """One summary line: a label, the value as text, the verdict against its null, and the paper's row it sits
-    beside (a key of report.tables.PAPER_ROWS), if any."""
+    beside (a key of report.paper.PAPER_ROWS), if any."""
 
     label: str
     value: str

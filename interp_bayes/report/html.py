@@ -21,7 +21,7 @@ from ..core.store import atomic_write_text
 from ..stats.ledger import VERDICTS
 from . import ledger as L
 from .page import FILTER_SCRIPT, figure_div, plotly_packed_script, renderer_script
-from .tables import PAPER_ATTENTION, PAPER_ROWS
+from .paper import PAPER_ATTENTION, PAPER_ROWS
 from .view import ReportError, RunView, enclosing_run
 from ..core.checks import out_file_arg
 from .figures import compare_figures

@@ -4,10 +4,10 @@ the terminal, each verdict shown with a colour and a symbol. The rules that give
 
 from __future__ import annotations
 
-# .tables (yaml) is imported inside the function that needs the paper's rows
 import html
 
 from ..stats.ledger import BORDERLINE, FAILS, HOLDS, INSEPARABLE, UNTESTABLE, VERDICTS, WEAK
+from .paper import PAPER_ROWS
 
 # symbol, colour (text on a white page, AA contrast), short class name
 STYLE = {HOLDS: ("✔", "#1e7b34", "holds"), WEAK: ("◐", "#9a6700", "weak"), FAILS: ("✘", "#b42318", "fails"),
@@ -44,9 +44,7 @@ def badge(verdict: str) -> str:
 
 
 def paper_text(paper: str) -> str:
-    """A claim's paper number: a key of ``tables.PAPER_ROWS`` spelled out per paper model, or the text itself."""
-    from .tables import PAPER_ROWS
-
+    """A claim's paper number: a key of ``paper.PAPER_ROWS`` spelled out per paper model, or the text itself."""
     if not paper:
         return ""
     found = [f"{model} {row[paper]}" for model, row in PAPER_ROWS.items() if paper in row]

@@ -424,13 +424,18 @@ def test_a_case_inside_its_controls_stops_as_accept_and_extends_the_fixed_count_
     isotropic draws are, row for row, the first ones of a run that draws the whole cap in one batch (same seed: the
     same axes, the same numbers); the matched family of a cut runs to its cap all the same (the readout excess
     resamples its draws), with the same numbers as the one-batch run, and the readout claim holds on its excess."""
-    from interp_bayes.analyses.interventions import MIN_DRAWS
     from interp_bayes.kinds.interventions import READOUT_DELTA_BITS, readout_claim
-    from interp_bayes.stats.ledger import HOLDS
+    from interp_bayes.stats.ledger import BORDERLINE, HOLDS
     from interp_bayes.stats.sequential import ACCEPT
 
-    # a direction drawn as the matched controls are (for another axis): one of their kind
-    like = matched_axes(planted.values, planted.random, 1, layer=1, seed=11)[0][0]
+    # a direction drawn as the matched controls are (for another axis): of nine such draws the one whose cut moves
+    # the MAE closest to their mean, so that it sits inside its controls on any CPU (the draws' basis comes from an
+    # eigendecomposition of 10 prompts' covariance, whose near-equal eigenvalues make it differ between machines'
+    # rounding: the first draw alone ranked 2nd of 41 on an AVX-512 Xeon)
+    draws = matched_axes(planted.values, planted.random, 9, layer=1, seed=11)[0]
+    effects = np.array([run.table().query("kind == 'true'").mae_k_ge_1.iloc[0]
+                        for run in (planted.run(d, {}, 5) for d in draws)])
+    like = draws[int(np.abs(effects - effects.mean()).argmin())]
     for u, fam in ((planted.random, "isotropic"), (like, "matched")):
         res = planted.run(u, {fam: 40}, 5)
         test = res.tests[("1", "cut", fam)]
@@ -449,11 +454,15 @@ def test_a_case_inside_its_controls_stops_as_accept_and_extends_the_fixed_count_
     true = find(rows, "effect", op="cut", measure="mae_k_ge_1", family="true")
     pct = find(rows, "percentile_of_true", op="cut", measure="mae_k_ge_1", family="matched")
     excess = find(rows, "readout_excess", op="cut", measure="mae_k_ge_1", family="matched")
-    # the rank test's decision stays the one at its stop, below MIN_DRAWS; the rows' range reads all 40 draws
-    assert pct.test == test and test["draws"] < MIN_DRAWS and pct.n == 40 and true.test is None
+    # the rank test's decision stays the one at its stop; the rows' range reads all 40 draws
+    assert pct.test == test and test["draws"] < pct.n == 40 and true.test is None
     assert excess.n == int((np.asarray(planted.task["k"]) >= 1).sum())
-    assert excess.test["decision"] == "reject" and excess.high < READOUT_DELTA_BITS
-    assert readout_claim(rows).verdict == HOLDS and "excess" in readout_claim(rows).evidence
+    # a draw like the controls: its excess over them is near 0, decided below delta or, on 8 prompts, not yet
+    # (whether it is decided turns on the machine's rounding; the decision's error rates: tests/analyses/test_readout.py)
+    assert excess.low < 0 < excess.high and excess.high < READOUT_DELTA_BITS
+    decided = excess.test["decision"] == "reject"
+    assert readout_claim(rows).verdict == (HOLDS if decided else BORDERLINE)
+    assert "excess" in readout_claim(rows).evidence
     # rows written before the readout excess existed ask for a rerun instead of a verdict
     old = [r for r in rows if r.metric != "readout_excess"]
     assert readout_claim(old).verdict == "not testable here" and "rerun" in readout_claim(old).evidence
