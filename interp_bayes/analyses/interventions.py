@@ -25,7 +25,7 @@ from ..model.prefix import EditedRun, edited_runs
 from ..stats import as_float64, bootstrap, donors_within, interval, percentile_of
 from ..stats.calibration import compare_to_bayes
 from ..stats.pca import correlations
-from ..stats.resample import paired_excess_draws
+from ..stats.resample import group_ids, paired_excess_draws
 from ..stats.sequential import UNDECIDED, beyond_redraw, sequential_test, sequential_tests
 from .controls import CONTROL_FAMILIES, FULL_CONTROLS, RANDOM_FAMILIES, control_directions
 
@@ -376,7 +376,7 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
     claim's, in bits), each ablation (``ABLATION_OPS``) with at least 2 matched draws gets a ``readout_excess`` row
     (scope ``family: matched``): its excess over the matched controls decided against that delta, which is what
     the readout claim reads; ``more`` ((layer set, op) -> ``readout_errors`` on prompts beside the evaluation set,
-    of independent prompts: no ``task["groups"]``) adds their errors to that row's, and changes no other row."""
+    each prompt a unit of its own, as SULA's are) adds their errors to that row's, and changes no other row."""
     import pandas as pd
 
     df = pd.DataFrame(result.rows)
@@ -418,14 +418,15 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
             if metric == CONTROL_MEASURE and readout_delta is not None and \
                     len(result.matched_errors.get((layer_set, op), ())) >= 2:
                 true_err = np.abs(result.true_entropy[(layer_set, op)][pos] - bayes[pos])
-                matched_err, beside = result.matched_errors[(layer_set, op)], (more or {}).get((layer_set, op))
+                matched_err, units = result.matched_errors[(layer_set, op)], groups
+                beside = (more or {}).get((layer_set, op))
                 if beside is not None:
-                    if groups is not None:
-                        raise ConfigError("Prompts beside the evaluation set pool with independent evaluation "
-                                          "prompts only, not with grouped ones (a wind tunnel's sequences).")
                     true_err = np.concatenate([true_err, beside.true])
                     matched_err = np.concatenate([matched_err, beside.matched], axis=1)
-                out.append(readout_excess(true_err, matched_err, groups, delta=readout_delta, seed=seed,
+                    if groups is not None:  # each prompt beside the evaluation set a unit of its own
+                        ids = group_ids(groups, len(groups))
+                        units = np.r_[ids, ids.max(initial=-1) + 1 + np.arange(len(beside.true))]
+                out.append(readout_excess(true_err, matched_err, units, delta=readout_delta, seed=seed,
                                           scope=dict(scope, family="matched"),
                                           beside=0 if beside is None else len(beside.true)))
 

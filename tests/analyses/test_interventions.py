@@ -13,7 +13,6 @@ from interp_bayes.model.edits import AxisCut, AxisOnly, AxisShift, intervene
 from interp_bayes.analyses.controls import isotropic_axes, matched_axes, pc_axes
 from interp_bayes.analyses.interventions import (EditProtocol, readout_errors, readout_excess, run_interventions,
                                                  summarize)
-from interp_bayes.core.errors import ConfigError
 from interp_bayes.core.results import find, select
 
 TEXT = "in context learning with induction heads"
@@ -497,6 +496,15 @@ def test_prompts_beside_the_evaluation_set_are_cut_along_the_same_axes_and_pool_
     reference = readout_excess(np.r_[same.true, more.true], np.c_[same.matched, more.matched],
                                delta=READOUT_DELTA_BITS, beside=6, scope=excess.scope)
     assert repr(excess) == repr(reference) and excess.n == len(pos) + 6 and "6 drawn beside them" in excess.note
-    grouped = dict(planted.task, groups=np.arange(planted.n) // 2)  # a wind tunnel's sequences: refused
-    with pytest.raises(ConfigError, match="independent evaluation prompts only"):
-        summarize(res, grouped, n_boot=20, readout_delta=READOUT_DELTA_BITS, more={("1", "cut"): more})
+    # SULA's evaluation prompts carry groups, one per prompt (their labels any): the same row; the prompts beside
+    # them units of their own beside grouped ones
+    labelled = summarize(res, dict(planted.task, groups=np.arange(planted.n) * 3 + 7), n_boot=20,
+                         readout_delta=READOUT_DELTA_BITS, more={("1", "cut"): more})
+    assert repr(find(labelled, "readout_excess")) == repr(excess)
+    pairs = np.arange(planted.n) // 2
+    grouped = summarize(res, dict(planted.task, groups=pairs), n_boot=20, readout_delta=READOUT_DELTA_BITS,
+                        more={("1", "cut"): more})
+    units = np.r_[np.unique(pairs[pos], return_inverse=True)[1], 100 + np.arange(6)]
+    assert repr(find(grouped, "readout_excess")) == repr(readout_excess(
+        np.r_[same.true, more.true], np.c_[same.matched, more.matched], units, delta=READOUT_DELTA_BITS, beside=6,
+        scope=excess.scope))
