@@ -50,7 +50,8 @@ def test_a_harm_of_exactly_delta_is_misread_either_way_at_most_alpha_of_the_time
     """The hardest null of both decisions: a harm of exactly delta. "holds" (a harm of delta excluded) and "does not
     hold" (a harm beyond delta shown) are each wrong there; each tail of the two-sided decision has alpha / 2, so
     over 200 planted cases each wrong verdict stays within alpha (measured: 2 "holds", 4 "does not hold" over 40
-    sequences of 5; over 400 independent prompts, SULA's 100 evaluation prompts and 300 beside them: MEASURED)."""
+    sequences of 5; over 400 independent prompts, SULA's 100 evaluation prompts and 300 beside them: 2 "holds",
+    none "does not hold")."""
     rng = np.random.default_rng(7)
     verdicts = [verdict(*planted_errors(rng, DELTA, n_groups=n_groups, per_group=per_group, noise=0.5), seed=i)
                 for i in range(200)]
@@ -121,14 +122,18 @@ def test_a_decision_nearer_delta_than_another_set_of_controls_would_move_it_is_b
 def test_prompts_beside_the_evaluation_set_narrow_the_interval_by_the_root_of_their_share():
     """SULA's readout excess pools the 100 evaluation prompts at k >= 1 with 300 drawn beside them, cut along the same
     10 matched axes (``readout_errors``): four times the independent prompts, so the interval is about half as wide
-    (sqrt(100 / 400); measured MEASURED, the control axes' own spread keeping it a little wider), the row records the
-    400 prompts and where they came from, no harm that 100 prompts leave borderline holds, and a harm of 3 delta
-    still does not hold."""
-    true, controls, _ = planted_errors(np.random.default_rng(6), 0.0, n_groups=400, per_group=1)
-    old = readout_excess(true[:100], controls[:, :100], delta=DELTA)
-    pooled = readout_excess(true, controls, delta=DELTA, beside=300)
-    assert (pooled.high - pooled.low) / (old.high - old.low) == pytest.approx(0.5, abs=0.08)
+    (sqrt(100 / 400); over five planted cases the ratio averages 0.52, from 0.43 to 0.60), the row records the 400
+    prompts and where they came from, a case of no harm that 100 prompts leave borderline holds on 400, and a harm
+    of 3 delta still does not hold."""
+    def pair(seed, harm=0.0):
+        true, controls, _ = planted_errors(np.random.default_rng(seed), harm, n_groups=400, per_group=1)
+        return (readout_excess(true[:100], controls[:, :100], delta=DELTA),
+                readout_excess(true, controls, delta=DELTA, beside=300))
+
+    ratios = [(new.high - new.low) / (old.high - old.low) for old, new in map(pair, range(5, 10))]
+    assert np.mean(ratios) == pytest.approx(0.5, abs=0.05) and max(ratios) < 0.65, ratios
+    old, pooled = pair(9)
     assert pooled.n == 400 and "over 400 prompts (100 evaluation, 300 drawn beside them)" in pooled.note
     assert (below_margin(old, DELTA), below_margin(pooled, DELTA)) == (BORDERLINE, HOLDS)
-    harm = readout_excess(true + 3 * DELTA, controls, delta=DELTA, beside=300)
+    _, harm = pair(9, 3 * DELTA)
     assert below_margin(harm, DELTA) == FAILS and harm.low > DELTA
