@@ -369,6 +369,37 @@ def test_the_interventions_split_is_the_recipes_and_the_run_seed_draws_only_the_
     assert b0["sigma"] != a0["sigma"] and b0["baseline"] != a0["baseline"]  # the split is the recipe's
 
 
+def test_readout_prompts_beside_the_evaluation_half_move_the_readout_row_alone(tiny_dirs, tmp_path):
+    """A recipe with ``readout_per_k: 2`` scores the widest layer set's cut, its matched cuts and the unedited run on
+    8 more prompts (2 of each k >= 1): every row equals the recipe without them but the readout excess, which pools
+    their errors (n 8 + 8, its note says so), and the cost, larger by exactly the 4 runs of 8 prompts the dry run
+    counts. A negative count, and one with axes fitted on the evaluation prompts, are refused."""
+    import dataclasses
+
+    base = dict(kind="interventions", layer_sets=[[-1]], ops=["cut"], controls=dict(isotropic=0, matched=2, pcs=0),
+                per_k=4, layers=[1])
+    probes = write_probes(tmp_path / "p", {"a.yaml": base, "b.yaml": dict(base, readout_per_k=2)})
+    config = SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path / "run"), quiet=True, probes=probes)
+    planned = [i for i in plan_sweep(config) if i.probe == "b" and "readout prompts" in i.what]
+    rows = run_sweep(config).rows
+    a, b = ([r for r in rows if r.probe == p] for p in "ab")
+    moved = ("readout_excess", "forward_prompts")
+
+    def same(rs):
+        return [repr(dataclasses.replace(r, probe="")) for r in rs if r.metric not in moved]
+    assert same(a) == same(b) and len(same(a)) > 10
+    assert find(b, "forward_prompts").value - find(a, "forward_prompts").value == 4 * 8 == planned[0].forwards
+    old, new = (find(rs, "readout_excess", op="cut") for rs in (a, b))
+    assert (old.n, new.n) == (8, 16) and "(8 evaluation, 8 drawn beside them)" in new.note
+    assert new.value != old.value
+    for bad, match in ((dict(readout_per_k=-1), "whole number of at least 0"),
+                       (dict(readout_per_k=2, fit="in_sample"), "use fit: cross or readout_per_k: 0")):
+        wrong = write_probes(tmp_path / "bad", {"c.yaml": dict(base, **bad)})
+        with pytest.raises(ConfigError, match=match):
+            plan_sweep(SweepConfig(model=str(tiny_dirs["mistral"]), out=str(tmp_path / "x"), quiet=True,
+                                   probes=wrong))
+
+
 def test_interventions_probe_on_a_tiny_model(tiny_dirs, tmp_path):
     probes = write_probes(tmp_path / "p", {"iv.yaml": dict(kind="interventions", layer_sets=[[-1]],
                                                            ops=["cut", "shift+"], controls=dict(isotropic=2, matched=2,

@@ -25,7 +25,7 @@ from ..model.prefix import EditedRun, edited_runs
 from ..stats import as_float64, bootstrap, donors_within, interval, percentile_of
 from ..stats.calibration import compare_to_bayes
 from ..stats.pca import correlations
-from ..stats.resample import paired_excess_draws
+from ..stats.resample import group_ids, paired_excess_draws
 from ..stats.sequential import UNDECIDED, beyond_redraw, sequential_test, sequential_tests
 from .controls import CONTROL_FAMILIES, FULL_CONTROLS, RANDOM_FAMILIES, control_directions
 
@@ -289,7 +289,43 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
                                       for key, errs in matched_errors.items()})
 
 
-def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, scope: dict | None = None) -> Row:
+@dataclass(frozen=True)
+class ReadoutErrors:
+    """Per-prompt |entropy - Bayes| at k >= 1 under one ablation of the true axis and of each matched control axis,
+    on prompts beyond the evaluation set (``readout_errors``), pooled with it by ``summarize``."""
+
+    true: np.ndarray  # [n]
+    matched: np.ndarray  # [m, n], draw i the axis ``run_interventions`` draws as matched control i
+    n_forward_prompts: int
+
+
+def readout_errors(model, prompts: list, axes: dict, fit_values: dict, task: dict, protocol: EditProtocol,
+                   layer_set, *, label_tokens: list[int], batch_size: int | None = None,
+                   progress: bool = True) -> ReadoutErrors:
+    """The cut at ``layer_set`` of the true axes and of the matched control axes ``run_interventions`` cuts with
+    ``protocol`` (its seed, draws 0 .. controls["matched"] - 1, from the same ``fit_values``), run on other
+    evaluation ``prompts`` (task columns ``k``, ``bayes_entropy``) so that the readout excess pools their errors
+    with the evaluation set's: more prompts narrow its interval, the axes stay the same. The unperturbed run and
+    these 1 + m edits are all that is run."""
+    m = protocol.controls.get("matched", 0)
+    drawn = {layer: control_directions(fit_values[layer], axes[layer].direction, {"matched": m}, layer=layer,
+                                       seed=protocol.seed)["matched"][0] for layer in layer_set}
+    directions = [{layer: as_float64(axes[layer].direction) for layer in layer_set},
+                  *({layer: drawn[layer][i] for layer in layer_set} for i in range(m))]
+    edits = [resolve_edits(model, {layer: make_op("cut", torch.tensor(u[layer]), axes[layer].sigma)
+                                   for layer in layer_set}) for u in directions]
+    with progress_bar(total=len(edits) * len(prompts), desc="readout prompts", unit="prompt",
+                      disable=not progress) as bar:
+        _, *runs = edited_runs(model, prompts, edits, layers=[], label_tokens=label_tokens, batch_size=batch_size,
+                               tick=bar.update)
+    pos = np.flatnonzero(np.asarray(task["k"]) >= 1)
+    bayes = np.asarray(task["bayes_entropy"], dtype=np.float64)[pos]
+    err = np.stack([np.abs(as_float64(r.entropy)[pos] - bayes) for r in runs])
+    return ReadoutErrors(err[0], err[1:], (1 + len(edits)) * len(prompts))
+
+
+def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, scope: dict | None = None,
+                   beside: int = 0) -> Row:
     """How much more an ablation of the true axis harms calibration than ablating matched control axes: the paired
     excess D = mean over prompts of (true error - mean control error), in bits (``true_err`` [n]: each prompt's
     |entropy - Bayes| under the true ablation; ``control_err`` [m, n]: under each of m control ablations; the
@@ -305,7 +341,8 @@ def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, 
     range's edge; the interval of D is settled against ``delta`` and not against the controls' extremes. Another
     set of control axes still moves D (by the sd of the axes' mean errors over sqrt(m)): a decision is kept only
     where the interval's end lies farther from ``delta`` than that times the normal quantile at the resampling risk
-    (``test["control_shift"]``), else it is undecided ("borderline")."""
+    (``test["control_shift"]``), else it is undecided ("borderline"). ``beside``: how many of the n prompts were
+    drawn beside the evaluation set (``readout_errors``), for the note."""
     true_err, control_err = as_float64(true_err).reshape(-1), as_float64(control_err)
     m, n = control_err.shape
     if m < 2 or control_err.shape[1] != len(true_err):
@@ -317,13 +354,16 @@ def readout_excess(true_err, control_err, groups=None, *, delta: float, seed=0, 
     # another set of m control axes (another --seed) moves the excess and its interval with it
     test, shift = beyond_redraw(test, delta, control_err.mean(axis=1))
     return Row("readout_excess", value, "bits", dict(scope or {}), *test.null, "two-level bootstrap 95%", n=n,
-               note=f"true ablation minus the mean of {m} matched ones; decided against {delta:g} bits, at least "
+               note=f"true ablation minus the mean of {m} matched ones"
+                    + (f" over {n} prompts ({n - beside} evaluation, {beside} drawn beside them)" if beside else "")
+                    + f"; decided against {delta:g} bits, at least "
                     f"{shift:.2g} from it (another set of controls moves it that far at the resampling risk)",
                test=dict(test.as_dict(), control_shift=shift))
 
 
 def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boot: int = 1000,
-              seed: int = 0, readout_delta: float | None = None) -> list[Row]:
+              seed: int = 0, readout_delta: float | None = None,
+              more: dict[tuple[str, str], ReadoutErrors] | None = None) -> list[Row]:
     """Tidy rows: the unperturbed run's measures (scope ``condition: baseline``); per (layer set, op, measure) the
     true axis' ``effect`` (value minus baseline; KL as is) with, for the MAE, a bootstrap interval over prompts
     (over whole ``task["groups"]`` where given: a wind tunnel's sequences) and the matched controls' 95% range as
@@ -335,7 +375,8 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
     on that row would turn every case beyond its controls "borderline"). With ``readout_delta`` (the readout
     claim's, in bits), each ablation (``ABLATION_OPS``) with at least 2 matched draws gets a ``readout_excess`` row
     (scope ``family: matched``): its excess over the matched controls decided against that delta, which is what
-    the readout claim reads."""
+    the readout claim reads; ``more`` ((layer set, op) -> ``readout_errors`` on prompts beside the evaluation set,
+    each prompt a unit of its own, as SULA's are) adds their errors to that row's, and changes no other row."""
     import pandas as pd
 
     df = pd.DataFrame(result.rows)
@@ -376,9 +417,18 @@ def summarize(result: InterventionResult, task: dict, *, metrics=MEASURES, n_boo
                      for fam, _ in families}
             if metric == CONTROL_MEASURE and readout_delta is not None and \
                     len(result.matched_errors.get((layer_set, op), ())) >= 2:
-                out.append(readout_excess(np.abs(result.true_entropy[(layer_set, op)][pos] - bayes[pos]),
-                                          result.matched_errors[(layer_set, op)], groups, delta=readout_delta,
-                                          seed=seed, scope=dict(scope, family="matched")))
+                true_err = np.abs(result.true_entropy[(layer_set, op)][pos] - bayes[pos])
+                matched_err, units = result.matched_errors[(layer_set, op)], groups
+                beside = (more or {}).get((layer_set, op))
+                if beside is not None:
+                    true_err = np.concatenate([true_err, beside.true])
+                    matched_err = np.concatenate([matched_err, beside.matched], axis=1)
+                    if groups is not None:  # each prompt beside the evaluation set a unit of its own
+                        ids = group_ids(groups, len(groups))
+                        units = np.r_[ids, ids.max(initial=-1) + 1 + np.arange(len(beside.true))]
+                out.append(readout_excess(true_err, matched_err, units, delta=readout_delta, seed=seed,
+                                          scope=dict(scope, family="matched"),
+                                          beside=0 if beside is None else len(beside.true)))
 
             def enough(fam: str, eff: np.ndarray) -> bool:
                 return len(eff) >= MIN_DRAWS or (tests[fam] or {}).get("decision", UNDECIDED) != UNDECIDED

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # the analyses (torch) and the statistics (scipy) are imported inside functions, plotly inside the ones that draw: this
 # kind's module is loaded to read its parameters (`interp-bayes probes`, a finished run's report), where no model runs
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -43,6 +43,11 @@ class InterventionsParams(Params):
     # the control axes, the resample ablation's donors and the bootstraps (0: the split --seed 0 drew before)
     split_seed: int = 0
     layers: tuple[int, ...] | str = SULA_LAYERS
+    # more evaluation prompts per k >= 1 for the readout claim alone (0: none): only the widest layer set's cut of the
+    # true and matched axes (and the unedited run) is scored on them, and their errors pool with the evaluation
+    # half's in its excess; drawn with ``readout_seed``, a recipe's data like ``split_seed``
+    readout_per_k: int = 0
+    readout_seed: int = 1
     axis_control: tuple[str, ...] = ()  # covariates of a conditional axis (e.g. [length, k, log_k]); () = plain axis
     covariates: tuple[str, ...] = ("length", "k", "log_k")  # nuisances of the deconfounded baseline geometry
     n_perm: int = 1000
@@ -50,6 +55,12 @@ class InterventionsParams(Params):
     def check(self, ctx, probe: str) -> None:
         check_recipe_layers(ctx, probe, self.layers, {f"layer_sets[{i}]": s for i, s in enumerate(self.layer_sets)})
         check_protocol(probe, self, n_eval=self.per_k - self.per_k // 2, unit="prompts of each k", count="per_k")
+        if isinstance(self.readout_per_k, bool) or not isinstance(self.readout_per_k, int) or self.readout_per_k < 0:
+            raise ConfigError(f"Parameter 'readout_per_k' of probe '{probe}' must be a whole number of at least 0 "
+                              f"(0: no prompts beside the evaluation half), not {self.readout_per_k!r}.")
+        if self.readout_per_k and self.fit != "cross":
+            raise ConfigError(f"Probe '{probe}' fits its axes on the evaluation prompts (fit: {self.fit}), which "
+                              "would pool with held-out readout prompts; use fit: cross or readout_per_k: 0.")
 
 
 def check_protocol(probe: str, p, *, n_eval: int, unit: str, count: str) -> None:
@@ -111,13 +122,15 @@ class ProtocolPrompts:
     strata_name: str  # ... and what a stratum is (a row note)
 
 
-def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol) -> Result:
+def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol, readout: dict | None = None) -> Result:
     """Fit an entropy axis per edited layer on ``s.fit_idx`` (``p.method``, conditional on ``p.axis_control`` when
     given), run every edit of ``edits`` on the ``s.eval_idx`` prompts against the control axes, and return tidy rows
     (plus every run's measures as data, for the figures): the axis' reading on the evaluation prompts deconfounded
-    of ``p.covariates``, ``summarize``'s rows, each axis' sigma and the cost."""
+    of ``p.covariates``, ``summarize``'s rows, each axis' sigma and the cost. ``readout``: task columns (``text``,
+    ``k``, ``bayes_entropy``) of prompts beside the evaluation set on which the widest layer set's cut is scored
+    too, for the readout excess (``analyses.interventions.readout_errors``)."""
     from ..analyses.axis import fit_entropy_axis
-    from ..analyses.interventions import run_interventions, summarize
+    from ..analyses.interventions import readout_errors, run_interventions, summarize
 
     acts, fit_idx, eval_idx = s.acts, s.fit_idx, s.eval_idx
     layers = edits.layers
@@ -137,13 +150,21 @@ def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol) -> Result:
     task = {key: [s.task[key][i] for i in eval_idx] for key in ("k", "latent", "bayes_entropy")}
     if acts.groups is not None:  # the MAE's bootstrap resamples whole groups (a wind tunnel's sequences)
         task["groups"] = np.asarray(acts.groups)[ev]
-    res = run_interventions(s.model, [s.prompts[i] for i in eval_idx], axes,
-                            {layer: acts.values(layer)[fit_idx] for layer in layers}, task, edits,
+    fit_values = {layer: acts.values(layer)[fit_idx] for layer in layers}
+    res = run_interventions(s.model, [s.prompts[i] for i in eval_idx], axes, fit_values, task, edits,
                             label_tokens=s.label_tokens, batch_size=ctx.config.batch_size,
                             progress=not ctx.config.quiet)
-    rows = summarize(res, task, seed=ctx.config.seed, readout_delta=READOUT_DELTA_BITS)
+    more, forwards = {}, res.n_forward_prompts
+    if readout is not None:
+        names = ["+".join(map(str, ls)) for ls in edits.layer_sets]
+        name = widest(names)
+        errors = readout_errors(s.model, readout["text"], axes, fit_values, readout, edits,
+                                edits.layer_sets[names.index(name)], label_tokens=s.label_tokens,
+                                batch_size=ctx.config.batch_size, progress=not ctx.config.quiet)
+        more[(name, "cut")], forwards = errors, forwards + errors.n_forward_prompts
+    rows = summarize(res, task, seed=ctx.config.seed, readout_delta=READOUT_DELTA_BITS, more=more)
     rows += geometry + [Row("axis_sigma", a.sigma, "value units", dict(layer=layer)) for layer, a in axes.items()]
-    rows.append(Row("forward_prompts", res.n_forward_prompts, "prompts", {}))  # wall time: stage.json's seconds
+    rows.append(Row("forward_prompts", forwards, "prompts", {}))  # wall time: stage.json's seconds
     return Result(rows, dict(runs=res.rows, baseline={k: v for k, v in res.baseline.items() if k != "entropy"},
                              fit=p.fit, n_eval=len(eval_idx), n_fit=len(fit_idx)))
 
@@ -157,10 +178,24 @@ def run(ctx, p: InterventionsParams) -> Result:
     fit_idx, eval_idx = split_by_k(cols["k"], p.split_seed)
     if p.fit == "in_sample":
         fit_idx = eval_idx
-    _, ids = sula_task(ctx, p.per_k)
+    task, ids = sula_task(ctx, p.per_k)
     columns = nuisance_columns([len(t) for t in acts.token_ids], k=cols["k"])
     return protocol(ctx, p, ProtocolPrompts(ctx.model, cols["text"], acts, cols, ids["main"], fit_idx, eval_idx,
-                                            columns, cols["k"], "k"), edits)
+                                            columns, cols["k"], "k"), edits,
+                    readout_prompts(task, p) if readout_scored(p) else None)
+
+
+def readout_scored(p: InterventionsParams) -> bool:
+    """Whether the recipe scores prompts beside the evaluation half: ``readout_per_k`` of them, a cut, and the 2
+    matched draws a readout excess needs."""
+    return p.readout_per_k > 0 and "cut" in p.ops and p.controls.get("matched", 0) >= 2
+
+
+def readout_prompts(task, p: InterventionsParams) -> dict:
+    """The SULA prompts beside the evaluation half, for the readout claim: ``p.readout_per_k`` of every k >= 1 (the
+    claim reads k >= 1 only) drawn with ``p.readout_seed``."""
+    return replace(task, ks=tuple(k for k in task.ks if k >= 1), per_k=p.readout_per_k).generate(
+        "main", seed=p.readout_seed)
 
 
 def plan(ctx, p: InterventionsParams) -> list:
@@ -178,6 +213,10 @@ def plan(ctx, p: InterventionsParams) -> list:
     n_eval = 5 * p.per_k - 5 * p.per_k // 2
     items.append(PlanItem("interventions", f"at most {n_runs} edited and unedited runs of ~{n_eval} prompts", False,
                           n_runs * n_eval, sample=items[0].sample))  # the runs' prompts are SULA prompts
+    if readout_scored(p):
+        n_more, runs = len(readout_prompts(sula_task(ctx, p.per_k)[0], p)["text"]), 2 + p.controls["matched"]
+        items.append(PlanItem("interventions", f"{runs} runs (unedited, true and matched cuts) of {n_more} readout "
+                                               "prompts", False, runs * n_more, sample=items[0].sample))
     return items
 
 
@@ -314,6 +353,12 @@ READOUT_OPS = {"cut": "cut", "resample": "resample ablation, on the manifold",
                "mean": "stratum-mean ablation, on the manifold"}  # op -> how the claim names it
 
 
+def widest(layer_sets: list[str]) -> str:
+    """The layer set the readout claim reads: the one editing the most layers (names like "10+15+20"; the first of
+    equals)."""
+    return max(layer_sets, key=lambda name: len(name.split("+")))
+
+
 def readout_claim(rows: list[Row], subject: str = "", section: str = "", op: str = "cut"):
     """The claim that the axis is a readout, not a bottleneck: ablating it (``op``: the linear cut, or the
     on-manifold ``resample`` / ``mean``) at the widest layer set costs less than ``READOUT_DELTA_BITS`` of
@@ -324,13 +369,10 @@ def readout_claim(rows: list[Row], subject: str = "", section: str = "", op: str
     Claim keys: ``readout``, ``readout-resample``, ``readout-mean``."""
     from ..stats import ledger as L
 
-    def widest(found: list[Row]) -> Row:
-        return max(found, key=lambda r: len(str(r.scope.get("layer_set", "")).split("+")))
-
     cuts = select(rows, "effect", op=op, measure="mae_k_ge_1", family="true")
     if not cuts:
         return None
-    layer_set = widest(cuts).scope.get("layer_set")
+    layer_set = widest([str(r.scope.get("layer_set", "")) for r in cuts])
     key = "readout" if op == "cut" else f"readout-{op}"
     text = f"The axis is a readout, not a bottleneck ({READOUT_OPS[op]} at L{layer_set}: change in MAE k >= 1, bits)"
     row = find(rows, "readout_excess", op=op, measure="mae_k_ge_1", layer_set=layer_set)

@@ -1,6 +1,8 @@
 """Interventions on hook_v: equal to weight edits, exact identities, GQA group locality, controls, the runner, and
 the fast runner equal to the naive one on every family and on SmolLM2."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,7 +11,8 @@ import torch
 from conftest import load_hf, value_edit
 from interp_bayes.model.edits import AxisCut, AxisOnly, AxisShift, intervene
 from interp_bayes.analyses.controls import isotropic_axes, matched_axes, pc_axes
-from interp_bayes.analyses.interventions import EditProtocol, run_interventions, summarize
+from interp_bayes.analyses.interventions import (EditProtocol, readout_errors, readout_excess, run_interventions,
+                                                 summarize)
 from interp_bayes.core.results import find, select
 
 TEXT = "in context learning with induction heads"
@@ -392,12 +395,19 @@ def planted(tiny_dirs):
     random = np.random.default_rng(5).standard_normal(pcs.shape[1])
     ev = dict(k=cols["k"], latent=cols["latent"], bayes_entropy=acts.entropy.double().numpy().tolist())
 
+    def axes(direction):
+        return {1: SimpleNamespace(direction=torch.tensor(direction / np.linalg.norm(direction)), sigma=1.0)}
+
     def run(direction, controls, batch):
-        axes = {1: SimpleNamespace(direction=torch.tensor(direction / np.linalg.norm(direction)), sigma=1.0)}
-        return run_interventions(bridge, cols["text"], axes, {1: values}, ev,
+        return run_interventions(bridge, cols["text"], axes(direction), {1: values}, ev,
                                  EditProtocol([[1]], ["cut"], controls, batch=batch), label_tokens=labels,
                                  progress=False)
-    return SimpleNamespace(run=run, top=pcs[0], values=values, random=random, task=ev, n=len(cols["text"]))
+
+    def readout(direction, controls, prompts=cols["text"], task=ev):
+        return readout_errors(bridge, prompts, axes(direction), {1: values}, task,
+                              EditProtocol([[1]], ["cut"], controls), (1,), label_tokens=labels, progress=False)
+    return SimpleNamespace(run=run, readout=readout, top=pcs[0], values=values, random=random, task=ev,
+                           n=len(cols["text"]), sula=task)
 
 
 def test_a_clear_case_stops_long_before_its_cap_and_records_its_draws(planted):
@@ -466,3 +476,44 @@ def test_a_case_inside_its_controls_stops_as_accept_and_extends_the_fixed_count_
     # rows written before the readout excess existed ask for a rerun instead of a verdict
     old = [r for r in rows if r.metric != "readout_excess"]
     assert readout_claim(old).verdict == "not testable here" and "rerun" in readout_claim(old).evidence
+
+
+def test_prompts_beside_the_evaluation_set_are_cut_along_the_same_axes_and_pool_into_the_readout_row_only(planted):
+    """``readout_errors`` cuts the true axis and the matched axes ``run_interventions`` draws (same seed, same
+    draws): on the evaluation prompts themselves it gives their per-prompt errors to the bit, from the unperturbed
+    run and 1 + m cuts. Pooled by ``summarize`` (here other SULA prompts, all k >= 1), they change the readout excess
+    alone: the excess of the concatenated errors, over their prompts, every other row as it was."""
+    from interp_bayes.kinds.interventions import READOUT_DELTA_BITS
+
+    like = matched_axes(planted.values, planted.random, 1, layer=1, seed=11)[0][0]
+    res = planted.run(like, {"matched": 10}, 5)
+    same = planted.readout(like, {"matched": 10})
+    pos = np.flatnonzero(np.asarray(planted.task["k"]) >= 1)
+    bayes = np.asarray(planted.task["bayes_entropy"])[pos]
+    np.testing.assert_array_equal(same.matched, res.matched_errors[("1", "cut")])
+    np.testing.assert_array_equal(same.true, np.abs(res.true_entropy[("1", "cut")][pos] - bayes))
+    assert same.n_forward_prompts == (2 + 10) * planted.n
+
+    cols = dataclasses.replace(planted.sula, ks=(1, 2), per_k=3).generate("main", seed=1)
+    more = planted.readout(like, {"matched": 10}, cols["text"], cols)
+    assert more.true.shape == (6,) and more.matched.shape == (10, 6) and more.n_forward_prompts == 12 * 6
+    alone = summarize(res, planted.task, n_boot=20, readout_delta=READOUT_DELTA_BITS)
+    pooled = summarize(res, planted.task, n_boot=20, readout_delta=READOUT_DELTA_BITS, more={("1", "cut"): more})
+    assert [repr(r) for r in alone if r.metric != "readout_excess"] == \
+        [repr(r) for r in pooled if r.metric != "readout_excess"]
+    excess = find(pooled, "readout_excess", op="cut", measure="mae_k_ge_1", family="matched")
+    reference = readout_excess(np.r_[same.true, more.true], np.c_[same.matched, more.matched],
+                               delta=READOUT_DELTA_BITS, beside=6, scope=excess.scope)
+    assert repr(excess) == repr(reference) and excess.n == len(pos) + 6 and "6 drawn beside them" in excess.note
+    # SULA's evaluation prompts carry groups, one per prompt (their labels any): the same row; the prompts beside
+    # them units of their own beside grouped ones
+    labelled = summarize(res, dict(planted.task, groups=np.arange(planted.n) * 3 + 7), n_boot=20,
+                         readout_delta=READOUT_DELTA_BITS, more={("1", "cut"): more})
+    assert repr(find(labelled, "readout_excess")) == repr(excess)
+    pairs = np.arange(planted.n) // 2
+    grouped = summarize(res, dict(planted.task, groups=pairs), n_boot=20, readout_delta=READOUT_DELTA_BITS,
+                        more={("1", "cut"): more})
+    units = np.r_[np.unique(pairs[pos], return_inverse=True)[1], 100 + np.arange(6)]
+    assert repr(find(grouped, "readout_excess")) == repr(readout_excess(
+        np.r_[same.true, more.true], np.c_[same.matched, more.matched], units, delta=READOUT_DELTA_BITS, beside=6,
+        scope=excess.scope))

@@ -45,12 +45,16 @@ def test_a_matched_axis_as_the_true_one_reads_does_not_hold_at_most_alpha_of_the
     assert sum(v == HOLDS for v in verdicts) >= 0.9 * 200
 
 
-def test_a_harm_of_exactly_delta_is_misread_either_way_at_most_alpha_of_the_time():
+@pytest.mark.parametrize("n_groups, per_group", [(40, 5), (400, 1)])
+def test_a_harm_of_exactly_delta_is_misread_either_way_at_most_alpha_of_the_time(n_groups, per_group):
     """The hardest null of both decisions: a harm of exactly delta. "holds" (a harm of delta excluded) and "does not
     hold" (a harm beyond delta shown) are each wrong there; each tail of the two-sided decision has alpha / 2, so
-    over 200 planted cases each wrong verdict stays within alpha (measured: 2 "holds", 4 "does not hold")."""
+    over 200 planted cases each wrong verdict stays within alpha (measured: 2 "holds", 4 "does not hold" over 40
+    sequences of 5; over 400 independent prompts, SULA's 100 evaluation prompts and 300 beside them: 2 "holds",
+    none "does not hold")."""
     rng = np.random.default_rng(7)
-    verdicts = [verdict(*planted_errors(rng, DELTA, noise=0.5), seed=i) for i in range(200)]
+    verdicts = [verdict(*planted_errors(rng, DELTA, n_groups=n_groups, per_group=per_group, noise=0.5), seed=i)
+                for i in range(200)]
     assert sum(v == HOLDS for v in verdicts) <= ALPHA * 200
     assert sum(v == FAILS for v in verdicts) <= ALPHA * 200
 
@@ -113,3 +117,23 @@ def test_a_decision_nearer_delta_than_another_set_of_controls_would_move_it_is_b
     assert below_margin(row, DELTA) == BORDERLINE
     assert verdict(true + DELTA - 0.0035, controls, groups) == HOLDS  # the same harm, controls that agree
     assert verdict(true, spread, groups) == HOLDS  # the spread, far below delta
+
+
+def test_prompts_beside_the_evaluation_set_narrow_the_interval_by_the_root_of_their_share():
+    """SULA's readout excess pools the 100 evaluation prompts at k >= 1 with 300 drawn beside them, cut along the same
+    10 matched axes (``readout_errors``): four times the independent prompts, so the interval is about half as wide
+    (sqrt(100 / 400); over five planted cases the ratio averages 0.52, from 0.43 to 0.60), the row records the 400
+    prompts and where they came from, a case of no harm that 100 prompts leave borderline holds on 400, and a harm
+    of 3 delta still does not hold."""
+    def pair(seed, harm=0.0):
+        true, controls, _ = planted_errors(np.random.default_rng(seed), harm, n_groups=400, per_group=1)
+        return (readout_excess(true[:100], controls[:, :100], delta=DELTA),
+                readout_excess(true, controls, delta=DELTA, beside=300))
+
+    ratios = [(new.high - new.low) / (old.high - old.low) for old, new in map(pair, range(5, 10))]
+    assert np.mean(ratios) == pytest.approx(0.5, abs=0.05) and max(ratios) < 0.65, ratios
+    old, pooled = pair(9)
+    assert pooled.n == 400 and "over 400 prompts (100 evaluation, 300 drawn beside them)" in pooled.note
+    assert (below_margin(old, DELTA), below_margin(pooled, DELTA)) == (BORDERLINE, HOLDS)
+    _, harm = pair(9, 3 * DELTA)
+    assert below_margin(harm, DELTA) == FAILS and harm.low > DELTA
