@@ -62,9 +62,12 @@ def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-pickle", action="store_true",
                    help="load pickle weights (pytorch_model.bin, *.pt) of a checkpoint without safetensors: only "
                         "for files you trust, since unpickling runs any code they hold")
-    p.add_argument("--set", nargs="+", default=(), metavar="PROBE.PARAM=VALUE", dest="assignments",
-                   help="override recipe parameters, e.g. interventions.controls.isotropic=3 (values are YAML)")
-    p.add_argument("--redo", nargs="+", default=(), metavar="PROBE", help="recompute these probes even if cached")
+    # extend: a repeated --set / --redo adds to the earlier ones (argparse's default kept only the last)
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="PROBE.PARAM=VALUE", dest="assignments",
+                   help="override recipe parameters, e.g. interventions.controls.isotropic=3 (values are YAML); "
+                        "repeatable")
+    p.add_argument("--redo", nargs="+", action="extend", default=[], metavar="PROBE",
+                   help="recompute these probes even if cached; repeatable")
     p.add_argument("--dry-run", action="store_true", help="print what is cached and what the rest will cost; run nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
     p.add_argument("--verbose", action="store_true", help="debug logging (ours and the libraries')")

@@ -571,3 +571,14 @@ def test_progress_bars_write_plain_lines_into_a_log_and_refresh_in_a_terminal():
             lines = text.splitlines()
             assert "\r" not in text and "\x1b" not in text and len(lines) == 2, text  # start and end
             assert lines[-1].startswith("collect: 100% 500/500")
+
+
+def test_a_repeated_set_or_redo_adds_to_the_earlier_ones():
+    """``--set a=1 --set b=2`` keeps both assignments (argparse's default kept only the last, silently)."""
+    from interp_bayes.cli import build_parser
+
+    args = build_parser("sweep").parse_args(["sweep", "--set", "icl.per_k=3", "keys.n_null=5", "--set", "axis.seed=2",
+                                      "--redo", "icl", "--redo", "keys"])
+    assert args.assignments == ["icl.per_k=3", "keys.n_null=5", "axis.seed=2"] and args.redo == ["icl", "keys"]
+    again = build_parser("sweep").parse_args(["sweep"])
+    assert again.assignments == [] and again.redo == []  # the default list is not shared between parses
