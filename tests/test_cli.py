@@ -393,6 +393,8 @@ def test_readout_prompts_beside_the_evaluation_half_move_the_readout_row_alone(t
     assert (old.n, new.n) == (8, 16) and "(8 evaluation, 8 drawn beside them)" in new.note
     assert new.value != old.value
     for bad, match in ((dict(readout_per_k=-1), "whole number of at least 0"),
+                       (dict(readout_per_k=True), "readout_per_k"),
+                       (dict(readout_seed=-1), "'readout_seed' .* must be a seed from 0"),
                        (dict(readout_per_k=2, fit="in_sample"), "use fit: cross or readout_per_k: 0")):
         wrong = write_probes(tmp_path / "bad", {"c.yaml": dict(base, **bad)})
         with pytest.raises(ConfigError, match=match):

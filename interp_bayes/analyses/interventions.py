@@ -94,6 +94,11 @@ class EditProtocol:
         return any(op in ONMANIFOLD_OPS for op in self.ops)
 
 
+def layer_set_name(layer_set) -> str:
+    """A layer set as its rows name it: its layers joined by "+" ("10+15+20")."""
+    return "+".join(map(str, layer_set))
+
+
 @dataclass
 class InterventionResult:
     """One row per (layer set, operator, axis kind, draw), the per-prompt baseline, the prompts run forward (the
@@ -229,7 +234,7 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
         baseline, new = state["baseline"], []
         for (layer_set, op, kind, draw), r in zip(entries, runs):
             h = as_float64(r.entropy)
-            row = dict(layer_set="+".join(map(str, layer_set)), op=op, kind=kind, draw=draw,
+            row = dict(layer_set=layer_set_name(layer_set), op=op, kind=kind, draw=draw,
                        kl_bits=float(r.kl.mean()),
                        corr_entropy_baseline=correlations(h, baseline["entropy"])["pearson"],
                        **calibration_measures(h, r.label_logprobs.numpy(), task),
@@ -279,10 +284,10 @@ def run_interventions(model, prompts: list[str], axes: dict, fit_values: dict, t
                                          batch=min(protocol.batch, cap), cap=cap, open_columns=True)
             while to_cap.any() and drawn_so_far[0] < random.get("matched", 0):  # every test settled before the cap
                 draw(min(protocol.batch, random["matched"] - drawn_so_far[0]), np.zeros(len(columns), dtype=bool))
-            tests = {("+".join(map(str, ls)), op, fam): d.as_dict() for (fam, ls, op), d in zip(columns, decisions)}
+            tests = {(layer_set_name(ls), op, fam): d.as_dict() for (fam, ls, op), d in zip(columns, decisions)}
     # the rows in the protocol's order: edit, then true axis, then the families in their order, then draw
     order = {kind: i for i, kind in enumerate(["true", *controls])}
-    position = {("+".join(map(str, ls)), op): i for i, (ls, op) in enumerate(edits_of)}
+    position = {(layer_set_name(ls), op): i for i, (ls, op) in enumerate(edits_of)}
     rows.sort(key=lambda r: (position[(r["layer_set"], r["op"])], order[r["kind"]], r["draw"]))
     return InterventionResult(rows, state["baseline"], state["forwards"], true_entropy, onmanifold.get("donors"),
                               tests, {key: np.stack([errs[i] for i in sorted(errs)])

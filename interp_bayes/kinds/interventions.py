@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ..core.checks import count_problem, refuse, seed_problem
 from ..core.errors import ConfigError
 from ..core.results import Row, find, select
 from ..core.registry import register
@@ -55,9 +56,9 @@ class InterventionsParams(Params):
     def check(self, ctx, probe: str) -> None:
         check_recipe_layers(ctx, probe, self.layers, {f"layer_sets[{i}]": s for i, s in enumerate(self.layer_sets)})
         check_protocol(probe, self, n_eval=self.per_k - self.per_k // 2, unit="prompts of each k", count="per_k")
-        if isinstance(self.readout_per_k, bool) or not isinstance(self.readout_per_k, int) or self.readout_per_k < 0:
-            raise ConfigError(f"Parameter 'readout_per_k' of probe '{probe}' must be a whole number of at least 0 "
-                              f"(0: no prompts beside the evaluation half), not {self.readout_per_k!r}.")
+        refuse(count_problem(self.readout_per_k, least=0), f"Parameter 'readout_per_k' of probe '{probe}'",
+               self.readout_per_k)
+        refuse(seed_problem(self.readout_seed), f"Parameter 'readout_seed' of probe '{probe}'", self.readout_seed)
         if self.readout_per_k and self.fit != "cross":
             raise ConfigError(f"Probe '{probe}' fits its axes on the evaluation prompts (fit: {self.fit}), which "
                               "would pool with held-out readout prompts; use fit: cross or readout_per_k: 0.")
@@ -130,7 +131,7 @@ def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol, readout: dict | No
     ``k``, ``bayes_entropy``) of prompts beside the evaluation set on which the widest layer set's cut is scored
     too, for the readout excess (``analyses.interventions.readout_errors``)."""
     from ..analyses.axis import fit_entropy_axis
-    from ..analyses.interventions import readout_errors, run_interventions, summarize
+    from ..analyses.interventions import layer_set_name, readout_errors, run_interventions, summarize
 
     acts, fit_idx, eval_idx = s.acts, s.fit_idx, s.eval_idx
     layers = edits.layers
@@ -156,7 +157,7 @@ def protocol(ctx, p, s: ProtocolPrompts, edits: EditProtocol, readout: dict | No
                             progress=not ctx.config.quiet)
     more, forwards = {}, res.n_forward_prompts
     if readout is not None:
-        names = ["+".join(map(str, ls)) for ls in edits.layer_sets]
+        names = [layer_set_name(ls) for ls in edits.layer_sets]
         name = widest(names)
         errors = readout_errors(s.model, readout["text"], axes, fit_values, readout, edits,
                                 edits.layer_sets[names.index(name)], label_tokens=s.label_tokens,

@@ -708,10 +708,11 @@ def _compute(ctx: Context, probes: list[Probe], redo: Sequence[str], run: Run, w
              helper: bool = False, cached: set[str] | None = None, pace: float | None = None) -> bool:
     """Compute every stage of ``probes`` not cached, each under its lock; whether the views were rebuilt after the
     last stage computed here (``helper``: a helper worker, which speaks of the stages it computes only; ``cached``:
-    the probes found cached just before, else looked up here; ``pace``: the ETA's first pace, ``eta_pace``). With several workers every worker takes the longest
-    stages first (``expected``) and passes over a stage another worker holds, then waits for those at the end
-    (finding them cached); a helper does not wait for them but ends, so that the first worker can take its cores
-    (``_take_cores_of_finished_helpers``) while the stages another worker holds go on."""
+    the probes found cached just before, else looked up here; ``pace``: the ETA's first pace, ``eta_pace``). With
+    several workers every worker takes the longest stages first (``expected``) and passes over a stage another
+    worker holds, then waits for those at the end (finding them cached); a helper does not wait for them but ends,
+    so that the first worker can take its cores (``_take_cores_of_finished_helpers``) while the stages another
+    worker holds go on."""
     folder, say = ctx.folder, ctx.say
     eta = ETA(probes, folder, ctx.config.model, workers, cached=cached, alone=alone_pace(ctx.config, workers),
               pace=pace)
