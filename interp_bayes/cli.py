@@ -101,7 +101,7 @@ def _sweep(args: argparse.Namespace) -> int:
 def _print_plan(items, config, ref) -> int:
     """The plan, each probe with its cost, and the time it should take (recorded by earlier runs under --out, else
     from a calibration forward of the sweep's model on this machine); probes with nothing to time stay untimed."""
-    from .run.sweep import calibrate, estimate
+    from .run.sweep import REFERENCE_MODEL, calibrate, estimate
 
     forwards = sum(i.forwards for i in items)
     disk = sum(i.disk_bytes for i in items)
@@ -127,7 +127,12 @@ def _print_plan(items, config, ref) -> int:
         print("estimated time: none" + (f"; {left}" if left else " (everything is cached)"))
         return 0
     sources = list(est.source.values())
-    paced = f" x {est.pace:.2f} (this machine's pace)" if est.pace else " (pace not measured)"
+    if not est.pace:
+        paced = " (pace not measured)"
+    elif config.model == REFERENCE_MODEL:
+        paced = f" x {est.pace:.2f} (this machine's pace)"
+    else:  # the pace holds the model's cost beside the machine's: a wind tunnel's stage does not follow it
+        paced = f", the model's stages x {est.pace:.2f} (its pace on the reference sample), the wind tunnels' as is"
     how = "; ".join(filter(None, [f"{sources.count('recorded')} probe(s) as long as an earlier run under --out took"
                                   if "recorded" in sources else "",
                                   f"{sources.count('reference')} shipped recipe(s) at their reference seconds{paced}"

@@ -431,10 +431,13 @@ REFERENCE_SECONDS = dict(
     interventions=876.4)
 
 
-def reference_seconds(probe: Probe, model: str) -> float | None:
-    """``REFERENCE_SECONDS`` of ``probe`` when it is that built-in recipe with its parameters as shipped (an edited or
-    overridden recipe: None) and runs on the reference model or on a wind tunnel (whose cost does not depend on the
-    sweep's model); None otherwise."""
+def reference_seconds(probe: Probe, model: str, pace: float | None = None) -> float | None:
+    """What ``probe`` should take here by its reference: ``REFERENCE_SECONDS`` of that built-in recipe with its
+    parameters as shipped (an edited or overridden recipe: None), times ``pace``, the reference sample's seconds per
+    prompt on the sweep's model here over ``REFERENCE_FORWARD`` (``reference_pace``; 1 when not timed). On another
+    model than the reference one that pace holds the model's cost beside the machine's, and a stage's forwards scale
+    with it; a wind tunnel's stage does not follow the sweep's model, so it takes the pace only where that model is
+    the reference one (``follows_pace``)."""
     seconds = REFERENCE_SECONDS.get(probe.name)
     if seconds is None:
         return None
@@ -444,8 +447,13 @@ def reference_seconds(probe: Probe, model: str) -> float | None:
         return None
     if shipped.kind.name != probe.kind.name or shipped.params != probe.params:
         return None
-    on_tunnel = getattr(probe.params, "tunnel", None) is not None
-    return seconds if on_tunnel or model == REFERENCE_MODEL else None
+    return seconds * (pace or 1.0) if follows_pace(probe, model) else seconds
+
+
+def follows_pace(probe: Probe, model: str) -> bool:
+    """Whether ``probe``'s reference seconds scale with ``reference_pace`` timed on the sweep's ``model``: a stage of
+    that model does; a wind tunnel's only where the model is the reference one (the pace is then this machine's)."""
+    return model == REFERENCE_MODEL or getattr(probe.params, "tunnel", None) is None
 
 
 @dataclass
@@ -457,7 +465,7 @@ class Estimate:
     per_forward: float | None  # seconds per prompt forward of the sweep's model, measured now
     calibration: str = ""
     load: float = 0.0  # seconds to load the sweep's model, measured now: paid once by the probes timed from it
-    pace: float | None = None  # this machine's forward against the reference one (``reference_pace``)
+    pace: float | None = None  # the sweep's model's forward here against the reference one (``reference_pace``)
 
     workers: int = 1  # processes the stages run in (``sweep_workers``)
     alone: float = 1.0  # the last worker's pace once the others are done (``alone_pace``)
@@ -485,10 +493,11 @@ def makespan(seconds, workers: int, alone: float = 1.0) -> float:
 def calibrate(config: SweepConfig, items: list[PlanItem],
               ref: ModelRef | None = None) -> tuple[float, str, float, float | None] | None:
     """(seconds per prompt forward of the sweep's model on this machine, how it was timed, seconds to load the
-    model, this machine's pace against the reference one or None): a short forward (after a warm-up) of the first
-    prompts of the activation set that needs the most forwards, batched as a sweep batches them; on the reference
-    model also the reference sample's (``reference_pace``). Nothing is written. None when no set of the sweep's model
-    needs collecting (nothing to time). ``ref``: ``config.model_ref()`` when the caller has it."""
+    model, its pace on the reference sample against the reference model's on the reference machine): a short forward
+    (after a warm-up) of the first prompts of the activation set that needs the most forwards, batched as a sweep
+    batches them, and the reference sample's (``reference_pace``) where an estimate takes it (``wants_pace``; else
+    None). Nothing is written. None when no set of the
+    sweep's model needs collecting (nothing to time). ``ref``: ``config.model_ref()`` when the caller has it."""
     sets = [i for i in items if i.sample and not i.model]
     if not sets:
         return None
@@ -504,7 +513,9 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
         t = time.perf_counter()
         collect(model, ids, progress=False, batch_size=config.batch_size)
         seconds = (time.perf_counter() - t) / len(ids)
-        pace = reference_pace(model, config) if config.model == REFERENCE_MODEL else None
+        left = {i.probe for i in items if i.what.startswith("probe of kind") and not i.cached}
+        pace = reference_pace(model, config) \
+            if wants_pace(load_probes(config), config.model, run_folder(config, ref), left) else None
     mean_len = sum(map(len, ids)) / len(ids)
     return seconds, (f"{seconds * 1000:.0f} ms per prompt, timed on {len(ids)} prompts of {big.what.split(':')[0]} "
                      f"(mean {mean_len:.0f} tokens), plus {load:.0f} s to load the model"), load, pace
@@ -513,7 +524,7 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
 def reference_pace(model, config: SweepConfig) -> float:
     """Seconds per prompt of the reference sample (the first ``CALIBRATION_PROMPTS`` prompts of the built-in pool,
     batched as a sweep batches them) over ``REFERENCE_FORWARD``: how much slower than the reference this machine
-    runs now."""
+    runs now, and on another model than the reference one, times how much slower that model runs it."""
     texts = list(load_source("pool")["text"][:CALIBRATION_PROMPTS])
     t = time.perf_counter()
     collect(model, texts, progress=False, batch_size=config.batch_size)
@@ -524,8 +535,8 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
              calibration: str = "", load: float = 0.0, pace: float | None = None, *,
              ref: ModelRef | None = None) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
-    ``--out`` (its stage.json); else a shipped recipe's ``REFERENCE_SECONDS`` times this machine's ``pace`` (1 when
-    unknown; analyses, wind tunnels and draws stopped early included); else, with ``per_forward`` measured, the
+    ``--out`` (its stage.json); else a shipped recipe's ``reference_seconds`` at ``pace`` (analyses, wind tunnels and
+    draws stopped early included); else, with ``per_forward`` measured, the
     probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel forwards not
     counted, and capped draws counted to their cap); without either, a probe is untimed. ``ref``:
     ``config.model_ref()`` when the caller has it."""
@@ -535,11 +546,11 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
     seconds, source = {}, {}
     for item in todo:
         recorded = recorded_seconds(folder, item.probe)
-        reference = reference_seconds(probes[item.probe], config.model) if item.probe in probes else None
+        reference = reference_seconds(probes[item.probe], config.model, pace) if item.probe in probes else None
         if recorded is not None:
             seconds[item.probe], source[item.probe] = recorded, "recorded"
         elif reference is not None:
-            seconds[item.probe], source[item.probe] = reference * (pace or 1.0), "reference"
+            seconds[item.probe], source[item.probe] = reference, "reference"
         elif per_forward is not None:
             forwards = sum(i.forwards for i in items if i.probe == item.probe and not i.model)
             seconds[item.probe], source[item.probe] = forwards * per_forward, "throughput"
@@ -794,17 +805,22 @@ CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
 
 
 def eta_pace(ctx: Context, probes: list[Probe], cached: set[str]) -> float | None:
-    """This machine's pace against the reference one (``reference_pace``, as the dry run times it), for the ETA's
-    estimates before the run's first stage ends: timed once where progress is shown and a stage to compute on the
-    reference model will be estimated from its reference seconds; else None (the ETA starts at the reference pace).
-    The model it loads is the one the stages use."""
+    """The sweep's model's pace here against the reference one (``reference_pace``, as the dry run times it), for the
+    ETA's estimates before the run's first stage ends: timed once where progress is shown and an estimate takes it
+    (``wants_pace``); else None (the reference pace). The
+    model it loads is the one the stages use."""
     config = ctx.config
-    if config.quiet or config.model != REFERENCE_MODEL:
-        return None
-    if not any(p.name not in cached and recorded_seconds(ctx.folder, p.name) is None
-               and reference_seconds(p, config.model) is not None for p in probes):
+    left = {p.name for p in probes if p.name not in cached}
+    if config.quiet or not wants_pace(probes, config.model, ctx.folder, left):
         return None
     return reference_pace(ctx.model, config)
+
+
+def wants_pace(probes: list[Probe], model: str, folder: Path, left: set[str]) -> bool:
+    """Whether a stage to compute (its probe's name in ``left``) will be estimated from its reference seconds at the
+    model's pace: never run under --out (``recorded_seconds``), a shipped recipe as shipped that ``follows_pace``."""
+    return any(p.name in left and recorded_seconds(folder, p.name) is None and follows_pace(p, model)
+               and reference_seconds(p, model) is not None for p in probes)
 
 
 def recorded_seconds(folder: Path, name: str) -> float | None:
@@ -822,16 +838,16 @@ def recorded_seconds(folder: Path, name: str) -> float | None:
 class ETA:
     """The sweep's progress line, "probe i/N: NAME (ETA ...)". A cached probe costs nothing; another is expected to
     take what it took when last computed (its stage.json's seconds, in this folder or a sibling run folder of the
-    same model under ``--out``); one never computed here takes its ``reference_seconds`` times the pace of this run
-    (the seconds of the probes it has computed over their reference seconds; before the first, ``pace``: this
-    machine's pace timed at the start, ``eta_pace``, or 1), else the mean of
-    the others. With several workers the rest takes its ``makespan``, and a stage another worker finished (its
-    stage.json there) is no longer left."""
+    same model under ``--out``); one never computed here takes its ``reference_seconds`` at ``pace`` (timed at the
+    start, ``eta_pace``), times how far this run's computed probes have strayed from theirs (their seconds over
+    their reference seconds; 1 before the first ends), else the mean of the others. With several workers the rest
+    takes its ``makespan``, and a stage another worker finished (its stage.json there) is no longer left."""
 
     def __init__(self, probes: list, folder: Path, model: str = "", workers: int = 1,
                  cached: set[str] | None = None, alone: float = 1.0, pace: float | None = None) -> None:
         """``cached``: the probes whose stages are cached now, when the caller has just checked them; ``alone``: the
-        last worker's pace once the others are done (``alone_pace``); ``pace``: the pace before a stage ends."""
+        last worker's pace once the others are done (``alone_pace``); ``pace``: the model's pace here
+        (``reference_pace``)."""
         if cached is None:
             cached = {p.name for p in probes if stage_problem(folder / "probes" / p.name, p.key()) is None}
         self.left, self.reference = {}, {}
@@ -841,16 +857,16 @@ class ETA:
                 self.left[p.name] = 0.0
                 continue
             self.left[p.name] = recorded_seconds(folder, p.name)
-            if self.left[p.name] is None and (ref := reference_seconds(p, model)) is not None:
+            if self.left[p.name] is None and (ref := reference_seconds(p, model, pace)) is not None:
                 self.reference[p.name] = ref
-        self.folder, self.workers, self.alone, self.prior = folder, workers, alone, pace or 1.0
+        self.folder, self.workers, self.alone = folder, workers, alone
         self.t0, self.n = time.perf_counter(), len(probes)
         self.t_probe, self.measured = self.t0, []  # this run's computed probes' seconds
         self.paced = [0.0, 0.0]  # seconds and reference seconds of this run's probes that have a reference
 
     def expected(self, name: str) -> float | None:
         """Seconds probe ``name`` is expected to take (None: unknown)."""
-        pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else self.prior
+        pace = self.paced[0] / self.paced[1] if self.paced[1] > 0 else 1.0
         seconds = self.left.get(name)
         return self.reference[name] * pace if seconds is None and name in self.reference else seconds
 

@@ -58,7 +58,9 @@ def test_dry_run_counts_shared_sets_once_and_estimates_time(tiny_dirs, tmp_path)
         {"throughput"}
     seconds, how, load, pace = calibrate(config, items)
     assert 0 < seconds < 60 and "ms per prompt" in how and 0 < load < 60 and "to load the model" in how
-    assert pace is None  # the pace against the reference forward is measured on the reference model only
+    assert pace is None  # the reference sample is timed only where an estimate takes it: no shipped recipe here
+    shipped = config.override(probes=["focusing"])  # a shipped recipe of the model: its reference takes the pace
+    assert calibrate(shipped, plan_sweep(shipped))[3] > 0
     assert not (tmp_path / "runs").exists()  # the plan and the calibration wrote nothing
     run_sweep(config.override(probes=probes[:1]))  # an earlier run under --out records mixed's time
     other = config.override(seed=3)
@@ -110,35 +112,44 @@ def test_blas_follows_torch_threads_and_changes_no_row(tiny_dirs, tmp_path, monk
 
 
 def test_estimates_take_a_shipped_recipe_from_its_reference_time(tiny_dirs, tmp_path):
-    """A shipped recipe as shipped is estimated from ``REFERENCE_SECONDS`` times this machine's pace against the
-    reference forward (a wind tunnel's on any model); overridden, it falls back to its forwards. The progress ETA
-    takes the reference seconds times the pace of the probes this run has computed."""
-    from interp_bayes.run.sweep import ETA, REFERENCE_SECONDS, estimate, load_probe, plan_sweep
+    """A shipped recipe as shipped is estimated from ``REFERENCE_SECONDS`` times the pace of the reference sample on
+    the sweep's model here (a wind tunnel's at that pace only on the reference model, whose pace is the machine's);
+    overridden, it falls back to its forwards. The progress ETA takes the same seconds, times how far the probes this
+    run has computed strayed from theirs."""
+    from interp_bayes.run.sweep import ETA, REFERENCE_MODEL, REFERENCE_SECONDS, estimate, load_probe, plan_sweep
 
     config = SweepConfig(model=str(tiny_dirs["llama3"]), out=str(tmp_path / "runs"), prompts="basic", quiet=True,
-                         probes=["decoding_windtunnel", "windtunnel"])
+                         probes=["decoding_windtunnel", "windtunnel", "keys"])
     est = estimate(config, plan_sweep(config), per_forward=0.5, pace=2.0)
-    assert est.source == dict(decoding_windtunnel="reference", windtunnel="reference")
-    assert est.seconds["windtunnel"] == 2 * REFERENCE_SECONDS["windtunnel"]
+    assert est.source == dict(decoding_windtunnel="reference", windtunnel="reference", keys="reference")
+    # another model's pace holds its cost beside the machine's: its stages follow it, a wind tunnel's does not
+    assert est.seconds["windtunnel"] == REFERENCE_SECONDS["windtunnel"]
+    assert est.seconds["keys"] == 2 * REFERENCE_SECONDS["keys"]
     edited = config.override(overrides=dict(windtunnel=dict(n_boot=10)))
     est = estimate(edited, plan_sweep(edited), per_forward=0.5, pace=2.0)
     assert est.source["windtunnel"] == "throughput" and est.source["decoding_windtunnel"] == "reference"
 
     probes = [load_probe("windtunnel"), load_probe("decoding_windtunnel"), load_probe("keys")]
-    eta = ETA(probes, tmp_path / "nothing-here", model="some-model")  # keys: not on a tunnel, not the reference model
-    refs = REFERENCE_SECONDS["windtunnel"] + REFERENCE_SECONDS["decoding_windtunnel"]
-    assert eta.remaining() == pytest.approx(refs + refs / 2)  # keys: the mean of the two others
-    eta.t_probe -= 3 * REFERENCE_SECONDS["windtunnel"]  # windtunnel took three times its reference
+    rd, rw, rk = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"], REFERENCE_SECONDS["keys"]
+    eta = ETA(probes, tmp_path / "nothing-here", model=REFERENCE_MODEL)
+    assert eta.remaining() == pytest.approx(rw + rd + rk)
+    eta.t_probe -= 3 * rw  # windtunnel took three times its reference
     eta.done(probes[0], cached=False)
-    rd, rw = REFERENCE_SECONDS["decoding_windtunnel"], REFERENCE_SECONDS["windtunnel"]
-    # decoding_windtunnel at the pace of three; keys the mean of that and windtunnel's measured time
-    assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)
-    # the pace timed at the start (eta_pace) scales the reference seconds until a stage of this run has ended
-    eta = ETA(probes, tmp_path / "nothing-here", model="some-model", pace=0.5)
-    assert eta.remaining() == pytest.approx(0.5 * (refs + refs / 2))
-    eta.t_probe -= 3 * REFERENCE_SECONDS["windtunnel"]
+    assert abs(eta.remaining() - 3 * (rd + rk)) < 0.05 * (rd + rk)
+    # the pace timed at the start (eta_pace) scales every reference on the reference model, until a stage has ended
+    eta = ETA(probes, tmp_path / "nothing-here", model=REFERENCE_MODEL, pace=0.5)
+    assert eta.remaining() == pytest.approx(0.5 * (rw + rd + rk))
+    eta.t_probe -= 3 * rw
     eta.done(probes[0], cached=False)
-    assert abs(eta.remaining() - (3 * rd + (3 * rd + 3 * rw) / 2)) < 0.05 * (rd + rw)
+    assert abs(eta.remaining() - 3 * (rd + rk)) < 0.05 * (rd + rk)
+    # on another model only the model's stages: a 0.5B model's ETA was the wind tunnels' minutes for a 22-minute sweep
+    eta = ETA(probes, tmp_path / "nothing-here", model="some-model", pace=3.0)
+    assert eta.remaining() == pytest.approx(rw + rd + 3 * rk)
+    assert eta.expected("keys") == pytest.approx(3 * rk)
+    # so the workers take another model's interventions first, as on the reference model (they took its stages last)
+    probes = [load_probe("windtunnel_replacement"), load_probe("interventions")]
+    eta = ETA(probes, tmp_path / "nothing-here", model="some-model")
+    assert max(probes, key=lambda p: eta.expected(p.name) or 0.0).name == "interventions"
 
 
 def test_workers_take_the_longest_stage_first_and_the_estimate_their_makespan(tiny_dirs, monkeypatch):
@@ -199,8 +210,8 @@ def test_the_first_worker_takes_the_cores_of_helpers_once_all_have_exited():
 
 
 def test_the_first_eta_is_timed_at_this_machines_pace_only_where_it_is_used(tmp_path, monkeypatch):
-    """``eta_pace`` times the reference sample (as the dry run does) only with progress shown, on the reference model,
-    and where a stage to compute will be estimated from its reference seconds; the model it times is the stages'."""
+    """``eta_pace`` times the reference sample (as the dry run does) only with progress shown and where a stage to
+    compute will be estimated from its reference seconds at that pace; the model it times is the stages'."""
     from types import SimpleNamespace
 
     from interp_bayes.run import sweep
@@ -216,5 +227,7 @@ def test_the_first_eta_is_timed_at_this_machines_pace_only_where_it_is_used(tmp_
     assert sweep.eta_pace(ctx(), probes, cached=set()) == 0.55 and timed == ["the stages' model"]
     assert sweep.eta_pace(ctx(), probes, cached={"windtunnel", "keys"}) is None  # nothing left to estimate
     assert sweep.eta_pace(ctx(quiet=True, model=sweep.REFERENCE_MODEL), probes, cached=set()) is None
-    assert sweep.eta_pace(ctx(quiet=False, model="another-model"), probes, cached=set()) is None
-    assert len(timed) == 1
+    # another model's pace is timed for its own stages, not for a wind tunnel's alone
+    assert sweep.eta_pace(ctx(quiet=False, model="another-model"), probes, cached=set()) == 0.55
+    assert sweep.eta_pace(ctx(quiet=False, model="another-model"), probes, cached={"keys"}) is None
+    assert len(timed) == 2
