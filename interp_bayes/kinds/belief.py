@@ -18,7 +18,7 @@ from ..core.plugin import Claim, Kind, Line, Result
 from ..core.registry import register
 from ..core.results import Row, find, select
 from .common import check_folds, figure_per_probe
-from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
+from .windtunnel import TunnelParams, check_layers, tunnel_plan, tunnel_subject
 from ..analyses.belief import belief_rows
 from ..core.figures import axis_titles, error_bars
 from ..model.collect import query_readings
@@ -48,6 +48,7 @@ class BeliefParams(TunnelParams):
 
     def check(self, ctx, probe: str) -> None:
         check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
+        check_layers(ctx, probe, self.tunnel, dict(layers=self.layers))
 
 
 def untrained_like(tunnel, tmp: Path, *, seed: int):

@@ -24,7 +24,7 @@ from ..core.plugin import Claim, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
 from .common import check_folds, figure_per_probe, sula_groups, sula_prompts, sula_request, sula_task
-from .windtunnel import (TunnelParams, load_windtunnel_task, tunnel_plan, tunnel_prefix, tunnel_subject,
+from .windtunnel import (TunnelParams, check_layers, load_windtunnel_task, tunnel_plan, tunnel_prefix, tunnel_subject,
                          windtunnel_prompts)
 from ..analyses.causal import Training, das_report, model_site
 from ..core.errors import ConfigError
@@ -58,10 +58,9 @@ class CausalSubspaceParams(TunnelParams):
             raise ConfigError(f"Probe '{probe}' needs subspace dimensions ds of at least 1 (got {list(self.ds)}).")
         if self.tunnel is None:
             check_folds(probe, self.folds, sula_prompts(self.per_k), "SULA prompts", "per_k")
-            for spec in self._specs():  # a layer outside the sweep's model is refused here
-                ctx.layers(spec if isinstance(spec, str) else [spec])
         else:
             check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
+        check_layers(ctx, probe, self.tunnel, {f"layers[{i}]": s for i, s in enumerate(self._specs())})
 
     def _specs(self) -> list:
         return [self.layers] if isinstance(self.layers, (str, int)) else list(self.layers)

@@ -21,7 +21,8 @@ from ..core.results import Row, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, Result
 from .common import check_folds, plan_sula, recipe_nuisances, sula, sula_groups, sula_prompts, sula_request
-from .windtunnel import TunnelParams, tunnel_plan, tunnel_prefix, tunnel_subject, windtunnel_prompts, windtunnel_set
+from .windtunnel import (TunnelParams, check_layers, tunnel_plan, tunnel_prefix, tunnel_subject, windtunnel_prompts,
+                         windtunnel_set)
 from ..analyses.decoding import decoding_curve
 from ..core.figures import axis_titles, layout
 from ..stats import ledger as L
@@ -46,6 +47,7 @@ class DecodingParams(TunnelParams):
             check_folds(probe, self.folds, sula_prompts(self.per_k), "SULA prompts", "per_k")
         else:
             check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
+        check_layers(ctx, probe, self.tunnel, dict(layers=self.layers))
 
 
 TARGETS = (("model entropy", None), ("bayes latent", "bayes_entropy"))

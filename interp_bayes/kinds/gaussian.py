@@ -21,7 +21,7 @@ from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from ..core.registry import register
 from ..core.results import Row, select
 from .common import check_folds
-from .windtunnel import TunnelParams, load_windtunnel_task, tunnel_prefix, tunnel_subject
+from .windtunnel import TunnelParams, check_layers, load_windtunnel_task, tunnel_prefix, tunnel_subject
 from ..analyses.gaussian import manifold_curvature, normal_calibration, predictive_calibration
 from ..core.figures import axis_titles, layout
 from ..core.layers import resolve_layers
@@ -63,6 +63,7 @@ class GaussianParams(TunnelParams):
 
     def check(self, ctx, probe: str) -> None:
         check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
+        check_layers(ctx, probe, self.tunnel, dict(layers=self.layers))
 
 
 def _task_data(ctx, p: GaussianParams) -> dict:

@@ -29,7 +29,7 @@ from ..core.results import Row, find, select
 from ..core.registry import register
 from ..core.plugin import Claim, Figure, Kind, Line, PlanItem, Result
 from .common import SULA_LAYERS, deconfounded_text, plan_sula, recipe_nuisances, sula, sula_task
-from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject, windtunnel_prompts, windtunnel_set
+from .windtunnel import TunnelParams, check_layers, tunnel_plan, tunnel_subject, windtunnel_prompts, windtunnel_set
 from ..analyses.axis import fit_entropy_axis
 from ..analyses.mechanisms import axis_null_overlap, compare_mechanisms, scale_entropy
 from ..analyses.neurons import AblationProtocol, entropy_neurons
@@ -61,6 +61,9 @@ class EntropyNeuronsParams(TunnelParams):
     n_perm: int = 1000
     compare: bool = False  # also ablate both mechanisms side by side (slow on SmolLM2: minutes)
     n_controls: int = 5  # control draws of that comparison
+
+    def check(self, ctx, probe: str) -> None:
+        check_layers(ctx, probe, self.tunnel, dict(layer=self.layer))
 
 
 def _prompt_sets(ctx, p: EntropyNeuronsParams) -> SimpleNamespace:

@@ -16,7 +16,7 @@ from ..core.registry import register
 from ..core.results import Row, find, select
 from ..windtunnel.tunnels import open_tunnel
 from .common import figure_per_probe
-from .windtunnel import TunnelParams, tunnel_plan, tunnel_subject
+from .windtunnel import TunnelParams, check_layers, tunnel_plan, tunnel_subject
 
 MEASURES = ("kl_bits", "mae_bits")
 
@@ -36,6 +36,7 @@ class SubspacesParams(TunnelParams):
     seed: int = 2024  # the sequence draws, the controls and the bootstrap
 
     def check(self, ctx, probe: str) -> None:
+        check_layers(ctx, probe, self.tunnel, dict(layers=self.layers or None))
         unknown = sorted(set(self.ops) - set(OPS))
         if unknown:
             raise ConfigError(f"Probe '{probe}': unknown subspace edit(s) {unknown} in 'ops'; choose from "

@@ -19,7 +19,7 @@ from .common import check_folds, deconfounded, deconfounded_text, manifold_rows,
 from .icl import calibration_rows
 from .interventions import (ProtocolPrompts, check_protocol, effects_figure, per_k_figure, protocol, readout_claims,
                             split_by_group, summary_lines)
-from ..windtunnel.tunnels import PACKAGED, checkpoint_folder, open_tunnel, tunnel_config
+from ..windtunnel.tunnels import PACKAGED, checkpoint_folder, is_tunnel, open_tunnel, tunnel_config
 from ..analyses.axis import fit_entropy_axis
 from ..analyses.focusing import attention_focusing
 from ..analyses.interventions import EditProtocol
@@ -27,7 +27,7 @@ from ..analyses.keys import key_orthogonality
 from ..analyses.manifold import manifold_report
 from ..core.errors import ConfigError
 from ..core.figures import COLOURS, axis_titles, layout
-from ..core.layers import layer_index, resolve_layers
+from ..core.layers import resolve_layers
 from .manifold import DOMINANT
 from ..model.hooks import reading_hook
 from ..stats import info, ledger as L
@@ -80,6 +80,22 @@ class TunnelParams(Params):
                                                                   self.tunnel_archs)}
 
 
+def check_layers(ctx, probe: str, tunnel: str | None, analysed: dict) -> None:
+    """Refuse, before a sweep's first write, a layer a recipe names outside the model it indexes: the wind tunnel
+    ``tunnel``'s own depth, or the sweep's model where ``tunnel`` is None (``ctx.layers``); ``analysed``: recipe key
+    -> layer spec (None: the default, every layer of a tunnel). One sentence naming the probe, the key and the fix."""
+    if tunnel is not None and not is_tunnel(tunnel):
+        return  # no wind tunnel there: ``checkpoints`` refuses it in its own sentence
+    depth = None if tunnel is None else open_tunnel(tunnel).config.n_layers
+    for key, spec in analysed.items():
+        try:
+            ctx.layers(spec) if depth is None else resolve_layers(spec, depth, "all")
+        except ConfigError as err:
+            shown = spec if spec is None or isinstance(spec, (str, int)) else list(spec)
+            on = "the sweep's model" if depth is None else f"wind tunnel {tunnel}"
+            raise ConfigError(f"Probe '{probe}', {key}: {shown!r} on {on}: {err}") from None
+
+
 def tunnel_subject(p: TunnelParams) -> str:
     """The wind tunnel a probe runs on, by its folder's name ("": the sweep's model, where the kind allows it)."""
     return "" if p.tunnel is None else Path(p.tunnel).name
@@ -110,7 +126,7 @@ class WindtunnelParams(TunnelParams):
     n_null: int = 1000  # null clouds of the PC shares at most (drawn until the share's test is settled)
     method: Literal["pc1", "ridge"] = "pc1"
     fit: str = "cross"
-    layer_sets: tuple = ((-1,),)
+    layer_sets: tuple = ((-1,),)  # each a layer spec of the tunnel ("last", "middle", a list of layers)
     ops: tuple[str, ...] = ("cut", "only", "shift+", "shift-")
     controls: dict = field(default_factory=lambda: {"isotropic": 20, "matched": 20, "pcs": 3})
     covariates: tuple[str, ...] = ("position",)  # the query position: the bijection's exact entropy is a function of it
@@ -119,6 +135,7 @@ class WindtunnelParams(TunnelParams):
 
     def check(self, ctx, probe: str) -> None:
         check_folds(probe, self.folds, self.n_sequences, "sequences", "n_sequences")
+        check_layers(ctx, probe, self.tunnel, {f"layer_sets[{i}]": s for i, s in enumerate(self.layer_sets)})
         # the evaluation half's sequences (``split_by_group``): a resampled prompt's donor is at its position
         check_protocol(probe, self, n_eval=self.n_sequences - self.n_sequences // 2, unit="sequences",
                        count="n_sequences")
@@ -217,8 +234,8 @@ def run(ctx, p: WindtunnelParams) -> Result:
     rows.append(Row("focusing_reduction", f["reduction"], "fraction", {}, *f["reduction_ci"], "bootstrap 95%",
                     n=f["n_prompts"], test=f["reduction_test"]))
     fit_idx, eval_idx = split_by_group(cols["sequence"], p.split_seed)  # no sequence on both sides
-    # a layer outside the checkpoint is refused, not wrapped around
-    sets = [[layer_index(x, n) for x in s] for s in p.layer_sets]
+    # each a layer spec of the checkpoint, as on the sweep's model; one outside it was refused by ``check``
+    sets = [resolve_layers(s, n, "all") for s in p.layer_sets]
     iv = protocol(ctx, p, ProtocolPrompts(model, prompts, acts, cols, task.hypothesis_ids, fit_idx, eval_idx, columns, k,
                                           "position"), EditProtocol(sets, p.ops, p.controls, ctx.config.seed))
     rows += iv.rows

@@ -101,6 +101,22 @@ def _sweep(tiny_dirs, tmp_path, recipes: dict, **config):
     (dict(kind="icl", per_k=2, layers=[0, 9]), REFUSED.format(9, 2, 1, 2)),
     (dict(kind="interventions", per_k=2, layers=[1], layer_sets=[[1], [0, 1]]),
      r"analyses layer\(s\) \[0\] \(layer_sets\[1\]: \[0, 1\]\) but collects only layers \[1\]"),
+    # a wind tunnel's layers against its own depth (they were refused only as its stage ran, after the first write)
+    (dict(kind="windtunnel", tunnel="bijection-cpu", layer_sets=[[-1], [7]]),
+     r"Probe 'probe', layer_sets\[1\]: \[7\] on wind tunnel bijection-cpu: " + REFUSED.format(7, 2, 1, 2)),
+    (dict(kind="decoding", tunnel="hmm-cpu", layers=[0, 3]),
+     r"Probe 'probe', layers: \[0, 3\] on wind tunnel hmm-cpu: " + REFUSED.format(3, 3, 2, 3)),
+    (dict(kind="belief", tunnel="hmm-cpu", layers=[-4]), "on wind tunnel hmm-cpu: " + REFUSED.format(-4, 3, 2, 3)),
+    (dict(kind="subspaces", tunnel="bijection-cpu", layers=[2]), "layers: \\[2\\] on wind tunnel bijection-cpu"),
+    (dict(kind="causal_subspace", tunnel="bijection-cpu", layers=["last", 5]),
+     r"Probe 'probe', layers\[1\]: 5 on wind tunnel bijection-cpu: " + REFUSED.format(5, 2, 1, 2)),
+    (dict(kind="gaussian", tunnel="kalman-cpu", layers=[3]),
+     "on wind tunnel kalman-cpu: " + REFUSED.format(3, 3, 2, 3)),
+    (dict(kind="entropy_neurons", tunnel="bijection-cpu", layer=2), "layer: 2 on wind tunnel bijection-cpu"),
+    # and the sweep's model's, named the same way
+    (dict(kind="entropy_neurons", layer=5),
+     r"Probe 'probe', layer: 5 on the sweep's model: " + REFUSED.format(5, 2, 1, 2)),
+    (dict(kind="decoding", per_k=2, layers=[9]), "layers: \\[9\\] on the sweep's model: " + REFUSED.format(9, 2, 1, 2)),
 ])
 def test_an_analysed_layer_the_recipe_does_not_collect_is_refused_before_the_first_write(tiny_dirs, tmp_path,
                                                                                          recipe, refused):
