@@ -67,7 +67,7 @@ docs-snapshot: $(STAMP)
 	$(VENV)/bin/interp-bayes docs docs/*.md README.md
 
 # The same for the default sweep (every default recipe on SmolLM2, seed 0), which docs/results-smollm2.md quotes: a
-# separate target because it takes about 30 minutes on 2 cores, where the wind tunnels' take 5.
+# separate target because it takes about 10-15 minutes on 2 cores (the default sweep), where the wind tunnels' take 5.
 docs-snapshot-default: $(STAMP)
 	rm -rf $(DOCS_OUT)/smollm2
 	$(VENV)/bin/interp-bayes sweep --model smollm2-135m --out $(DOCS_OUT)/smollm2 --quiet
