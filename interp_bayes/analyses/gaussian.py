@@ -27,7 +27,8 @@ from scipy.spatial.distance import pdist
 from ..stats import (as_float64, bootstrap_means, bootstrap_pearson, interval, permutations, sequential_test,
     sequential_tests)
 from ..stats.info import kl_from_probs, normal_kl
-from ..stats.pca import participation_ratio, standardise, thin_svd
+from ..stats.arrays import thin_svd
+from ..stats.pca import participation_ratio, standardise
 from ..stats.sequential import BATCH
 
 SHARES = (0.9, 0.95)  # variance shares whose PCA dimension is reported

@@ -42,6 +42,7 @@ from ..core.layers import layer_index
 from ..core.results import Row
 from ..core.stop import check_stop
 from ..stats import as_float64
+from ..stats.arrays import thin_svd
 from ..stats.pca import pca
 from ..model.edits import SubspaceCut, SubspaceOnly, intervene
 from .axis import fit_direction
@@ -56,7 +57,7 @@ QUERY_BATCH = 250  # sequences per forward pass of a reading
 
 def top_rows(m: np.ndarray, k: int) -> np.ndarray:
     """An orthonormal basis [k, dim] of the leading k-dimensional row space of ``m`` [r, dim] (SVD)."""
-    return np.linalg.svd(m, full_matrices=False)[2][:k]
+    return thin_svd(m)[2][:k]
 
 
 def every_position(model, batch: TaskBatch, layer: int, site: str) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,18 @@ def is_constant(x, rtol: float = CONSTANT_RTOL) -> bool:
     return bool(np.ptp(x) <= rtol * np.abs(x).max()) if x.size else True
 
 
+def thin_svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD. LAPACK's divide-and-conquer driver (gesdd, numpy's) now and then fails to converge on a benign
+    finite matrix (seen on SmolLM2's layer-24 residuals, and on a cross-fitted decoding design of 200 x 576 whose
+    rank is 187); the slower gesvd driver then takes over."""
+    try:
+        return np.linalg.svd(x, full_matrices=False)
+    except np.linalg.LinAlgError:
+        from scipy.linalg import svd
+
+        return svd(x, full_matrices=False, lapack_driver="gesvd")
+
+
 def ranks(v) -> np.ndarray:
     """Average ranks of ``v`` with values equal up to rounding tied (``snap``): the one ranking behind every
     Spearman correlation of the toolkit, so one pair gives one rho wherever it is computed."""

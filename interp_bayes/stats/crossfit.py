@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import ConfigError
-from .arrays import CONSTANT_RTOL, as_float64
+from .arrays import CONSTANT_RTOL, as_float64, thin_svd
 from .resample import group_ids
 
 ALPHAS = np.logspace(-3, 6, 19)  # the penalty grid of every ridge, half a decade apart
@@ -95,7 +95,7 @@ class RidgeBasis:
         cols = x if not self.n_free else np.hstack([x, as_float64(free).reshape(len(x), -1)])
         self.mean, self.sd = _standardiser(cols)
         z = _design(x, free, self.mean, self.sd, self.n_free)
-        self.u, self.s, self.vt = np.linalg.svd(z, full_matrices=False)
+        self.u, self.s, self.vt = thin_svd(z)
         self.leverage_u2 = self.u**2
 
     def fit(self, y, alphas=ALPHAS, *, per_target: bool = False) -> RidgeFit:

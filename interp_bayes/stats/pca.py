@@ -15,11 +15,10 @@ import math
 
 import numpy as np
 from scipy import stats
-from scipy.linalg import svd
 
 from ..core.errors import ConfigError
 from . import as_float64, bootstrap, interval, is_constant
-from .arrays import ranks
+from .arrays import ranks, thin_svd
 from .sequential import BATCH, sequential_tests
 
 CAP_NULL = 1000  # null clouds at most: a value far outside its null settles after about 550 (two-sided, 5%, 1e-3)
@@ -30,15 +29,6 @@ def standardise(x) -> np.ndarray:
     x = as_float64(x)
     sd = x.std(axis=0, ddof=1)
     return (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-
-
-def thin_svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD. LAPACK's divide-and-conquer driver (gesdd, numpy's) now and then fails to converge on a benign
-    matrix (seen on SmolLM2's layer-24 residuals); the slower gesvd driver then takes over."""
-    try:
-        return np.linalg.svd(x, full_matrices=False)
-    except np.linalg.LinAlgError:
-        return svd(x, full_matrices=False, lapack_driver="gesvd")
 
 
 def pca(x, *, standardize: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
