@@ -496,8 +496,8 @@ def calibrate(config: SweepConfig, items: list[PlanItem],
     model, its pace on the reference sample against the reference model's on the reference machine): a short forward
     (after a warm-up) of the first prompts of the activation set that needs the most forwards, batched as a sweep
     batches them, and the reference sample's (``reference_pace``) where an estimate takes it (``wants_pace``; else
-    None). Nothing is written. None when no set of the
-    sweep's model needs collecting (nothing to time). ``ref``: ``config.model_ref()`` when the caller has it."""
+    None). Nothing is written. None when no set of the sweep's model needs collecting (nothing to time). ``ref``:
+    ``config.model_ref()`` when the caller has it."""
     sets = [i for i in items if i.sample and not i.model]
     if not sets:
         return None
@@ -536,8 +536,8 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
              ref: ModelRef | None = None) -> Estimate:
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
     ``--out`` (its stage.json); else a shipped recipe's ``reference_seconds`` at ``pace`` (analyses, wind tunnels and
-    draws stopped early included); else, with ``per_forward`` measured, the
-    probe's prompt forwards on the sweep's model times ``per_forward`` (its analyses and wind-tunnel forwards not
+    draws stopped early included); else, with ``per_forward`` measured, the probe's prompt forwards on the sweep's
+    model times ``per_forward`` (its analyses and wind-tunnel forwards not
     counted, and capped draws counted to their cap); without either, a probe is untimed. ``ref``:
     ``config.model_ref()`` when the caller has it."""
     folder = run_folder(config, ref)
@@ -807,8 +807,7 @@ CALIBRATION_PROMPTS = 32  # prompts a dry run times the model on
 def eta_pace(ctx: Context, probes: list[Probe], cached: set[str]) -> float | None:
     """The sweep's model's pace here against the reference one (``reference_pace``, as the dry run times it), for the
     ETA's estimates before the run's first stage ends: timed once where progress is shown and an estimate takes it
-    (``wants_pace``); else None (the reference pace). The
-    model it loads is the one the stages use."""
+    (``wants_pace``); else None (the reference pace). The model it loads is the one the stages use."""
     config = ctx.config
     left = {p.name for p in probes if p.name not in cached}
     if config.quiet or not wants_pace(probes, config.model, ctx.folder, left):
