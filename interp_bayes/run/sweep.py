@@ -537,9 +537,8 @@ def estimate(config: SweepConfig, items: list[PlanItem], per_forward: float | No
     """Seconds per probe still to run: what the same probe took in an earlier run folder of this model under
     ``--out`` (its stage.json); else a shipped recipe's ``reference_seconds`` at ``pace`` (analyses, wind tunnels and
     draws stopped early included); else, with ``per_forward`` measured, the probe's prompt forwards on the sweep's
-    model times ``per_forward`` (its analyses and wind-tunnel forwards not
-    counted, and capped draws counted to their cap); without either, a probe is untimed. ``ref``:
-    ``config.model_ref()`` when the caller has it."""
+    model times ``per_forward`` (its analyses and wind-tunnel forwards not counted, and capped draws counted to
+    their cap); without either, a probe is untimed. ``ref``: ``config.model_ref()`` when the caller has it."""
     folder = run_folder(config, ref)
     probes = {p.name: p for p in load_probes(config)}
     todo = [i for i in items if i.what.startswith("probe of kind") and not i.cached]
